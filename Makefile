@@ -1,0 +1,38 @@
+# Two commands do all set-up:  `make lab` (learn)  and  `make test` (check everything).
+# Both create the virtual environment and the offline data first when missing, and are fast when already set up.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PORT   ?= 8888
+NOTEBOOK_DIR ?= .
+PYTEST_ARGS ?=
+
+.PHONY: setup data lab test doctor clean-notebooks exercises bench
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+data: setup
+	$(PY) -m course_lib data prepare
+
+lab: data
+	$(PY) -m course_lib lab --port $(PORT) --notebook-dir $(NOTEBOOK_DIR)
+
+test: setup
+	COURSE_MODE=smoke $(PY) -m course_lib data prepare --quiet
+	COURSE_MODE=smoke $(PY) -m pytest $(PYTEST_ARGS)
+
+doctor: setup
+	$(PY) -m course_lib doctor
+
+exercises: setup
+	$(PY) -m course_lib build-exercises
+
+bench: data
+	$(PY) -m course_lib bench

@@ -1,0 +1,49 @@
+"""One entry point for the whole course: ``python -m course_lib <command>`` (or ``course <command>``).
+
+Each command lives in the module that implements it and is imported only when
+asked for, so ``course doctor`` does not pay for importing the grader.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Callable, Sequence
+
+# command -> ("module:function", one-line help). Each function takes argv and returns an exit code.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("course_lib.train.cli:main", "train with the resumable template (--help lists every config field)"),
+    "data": ("course_lib.data.cli:main", "generate or inspect the offline datasets (run once before a workshop)"),
+    "doctor": ("course_lib.doctor:main", "check this machine: versions, devices, bf16/TF32, compile, workers, data"),
+    "bench": ("course_lib.perf.bench:main", "run the benchmark table (ratios measured side by side)"),
+    "build-exercises": ("course_lib.grading.build:main", "regenerate exercises/ from solutions/"),
+    "check": ("course_lib.grading.check:main", "grade your own exercises/ and print a score table"),
+    "grade": ("course_lib.grading.grade:main", "instructor: grade a folder of student submissions into a CSV"),
+    "lab": ("course_lib.lab:main", "launch JupyterLab on the welcome notebook (127.0.0.1, with a token)"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: python -m course_lib <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `python -m course_lib <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def _load(target: str) -> Callable[[Sequence[str]], int]:
+    module_name, func_name = target.split(":")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"course_lib: unknown command {command!r}.\n\n{_usage()}", file=sys.stderr)
+        return 2
+    result = _load(COMMANDS[command][0])(rest)
+    return int(result or 0)

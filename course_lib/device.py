@@ -1,0 +1,114 @@
+"""Device and precision choices that every lesson shares.
+
+The course runs unchanged on CUDA, Apple's MPS and the CPU. ``pick_device`` picks
+in that order; ``resolve_amp_dtype`` turns a precision name into the dtype that
+``torch.autocast`` should use on that device (or ``None`` for plain fp32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+def pick_device(preference: str = "auto") -> torch.device:
+    """Return ``cuda`` if present, then ``mps``, then ``cpu`` (or the one asked for).
+
+    ``preference`` may be ``"auto"`` or any string ``torch.device`` accepts
+    (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``). Asking for an accelerator that
+    is not there is an error, not a silent fallback: a learner must know where the
+    numbers came from.
+    """
+    if preference == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(preference)
+    except RuntimeError as exc:  # e.g. "gpu"
+        raise ValueError(
+            f"device={preference!r} is not a device; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'."
+        ) from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but no CUDA GPU is visible; use device='auto' or 'cpu'.")
+    if device.type == "mps" and not (
+        getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    ):
+        raise ValueError("device='mps' was asked for but MPS is not available; use device='auto' or 'cpu'.")
+    return device
+
+
+def supports_bf16(device: torch.device | str) -> bool:
+    """Whether autocast to bfloat16 is supported (and sensible) on ``device``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    # CPU autocast supports bf16 everywhere; it is fast only with AVX512-BF16/AMX,
+    # which is why the precision lesson measures instead of assuming.
+    return device.type in ("cpu", "mps")
+
+
+def resolve_amp_dtype(name: str | torch.dtype | None, device: torch.device | str) -> torch.dtype | None:
+    """Map a precision name to the autocast dtype for ``device``; ``None`` means fp32.
+
+    * ``"auto"``: bf16 where supported, else fp16 on CUDA, else fp32.
+    * ``"bf16"`` / ``"fp16"`` / ``"fp32"``: exactly that (fp16 needs CUDA or MPS).
+    Torch dtypes are accepted too (``torch.bfloat16``), as in the seed's config.
+    """
+    device = torch.device(device)
+    if isinstance(name, torch.dtype):
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(name, str(name))
+    if name is None:
+        return None
+    if name not in PRECISIONS:
+        raise ValueError(f"precision {name!r} is not one of {PRECISIONS}.")
+    if name == "auto":
+        if supports_bf16(device):
+            return torch.bfloat16
+        return torch.float16 if device.type == "cuda" else None
+    if name == "fp32":
+        return None
+    if name == "bf16":
+        if not supports_bf16(device):
+            raise ValueError(f"bf16 autocast is not supported on {device}; use 'fp16' or 'fp32'.")
+        return torch.bfloat16
+    if device.type not in ("cuda", "mps"):
+        raise ValueError(
+            f"fp16 autocast needs a GPU (it is emulated and slow or unsupported on {device.type}); "
+            "use 'bf16' or 'fp32' on the CPU."
+        )
+    return torch.float16
+
+
+def autocast(device: torch.device | str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` for ``device`` with ``dtype``; a no-op context for fp32 (``None``)."""
+    device = torch.device(device)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued device work to finish (timings are wrong without it on GPUs)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@contextlib.contextmanager
+def matmul_precision(level: str) -> Iterator[None]:
+    """Temporarily set ``torch.set_float32_matmul_precision`` (``"highest"``/``"high"``/``"medium"``)."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(level)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)

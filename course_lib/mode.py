@@ -1,0 +1,51 @@
+"""Smoke vs full mode, and where the course keeps generated data.
+
+One environment variable, ``COURSE_MODE``, shrinks every dataset, step count and
+sweep of the course:
+
+* ``full`` (the default) is what a learner runs: each notebook finishes in a few
+  minutes on a 2-core laptop CPU.
+* ``smoke`` is for CI and for checking that a notebook is wired correctly: the
+  same code paths on tiny sizes, in seconds.
+
+``COURSE_DATA_DIR`` moves the data cache (default: ``~/.cache/course_lib``), so an
+instructor can pre-generate data once for a whole room of laptops.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+MODES = ("full", "smoke")
+
+
+def mode() -> str:
+    """Return the active mode, ``"full"`` or ``"smoke"`` (read on every call)."""
+    value = os.environ.get("COURSE_MODE", "full").strip().lower() or "full"
+    if value not in MODES:
+        raise ValueError(
+            f"COURSE_MODE={value!r} is not a mode; use one of {MODES} "
+            "(e.g. `export COURSE_MODE=smoke` for a quick wiring check)."
+        )
+    return value
+
+
+def is_smoke() -> bool:
+    """True when ``COURSE_MODE=smoke``."""
+    return mode() == "smoke"
+
+
+def by_mode(smoke: T, full: T) -> T:
+    """Pick a size for the current mode: ``steps = by_mode(smoke=20, full=600)``."""
+    return smoke if is_smoke() else full
+
+
+def data_dir() -> Path:
+    """Root of the data cache (``COURSE_DATA_DIR`` or ``~/.cache/course_lib``)."""
+    root = os.environ.get("COURSE_DATA_DIR")
+    path = Path(root).expanduser() if root else Path.home() / ".cache" / "course_lib"
+    return path
