@@ -57,7 +57,9 @@ def supports_bf16(device: torch.device | str) -> bool:
 def resolve_amp_dtype(name: str | torch.dtype | None, device: torch.device | str) -> torch.dtype | None:
     """Map a precision name to the autocast dtype for ``device``; ``None`` means fp32.
 
-    * ``"auto"``: bf16 where supported, else fp16 on CUDA, else fp32.
+    * ``"auto"``: on CUDA, bf16 where the GPU supports it, else fp16 (with a GradScaler);
+      fp32 on the CPU and MPS, where low-precision speed depends on the chip (the
+      precision lesson measures it instead of assuming).
     * ``"bf16"`` / ``"fp16"`` / ``"fp32"``: exactly that (fp16 needs CUDA or MPS).
     Torch dtypes are accepted too (``torch.bfloat16``), as in the seed's config.
     """
@@ -69,9 +71,9 @@ def resolve_amp_dtype(name: str | torch.dtype | None, device: torch.device | str
     if name not in PRECISIONS:
         raise ValueError(f"precision {name!r} is not one of {PRECISIONS}.")
     if name == "auto":
-        if supports_bf16(device):
-            return torch.bfloat16
-        return torch.float16 if device.type == "cuda" else None
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if supports_bf16(device) else torch.float16
     if name == "fp32":
         return None
     if name == "bf16":
