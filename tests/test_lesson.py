@@ -1,0 +1,110 @@
+"""Tests for the lesson presentation helpers (course_lib.lesson)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from course_lib import lesson
+
+
+def test_predict_smoke_uses_default_and_reveal_compares(capsys: pytest.CaptureFixture[str]) -> None:
+    p = lesson.predict("Which is faster?", choices=["A", "B"], default="B")
+    assert p.widget is None  # smoke mode / no kernel: no widget
+    assert p.answer == "B"
+    assert p.reveal("B") is True
+    assert p.reveal("A") is False
+    text = p.reveal_markdown("A", "because of X")
+    assert "You predicted:** B" in text and "because of X" in text and "Not what you predicted" in text
+
+
+def test_predict_default_is_first_choice_and_free_text() -> None:
+    assert lesson.predict("q?", choices=["x", "y"]).answer == "x"
+    free = lesson.predict("How many?", default="3")
+    assert free.choices is None and free.answer == "3"
+    assert "You predicted:** 3" in free.reveal_markdown("7 measured")
+
+
+def test_predict_answer_reads_the_widget_at_reveal_time() -> None:
+    class FakeWidget:
+        value = "B"
+
+    p = lesson.Prediction("q?", choices=("A", "B"), default="A", widget=FakeWidget())
+    assert p.answer == "B"
+    FakeWidget.value = "A"
+    assert p.answer == "A"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"question": ""},
+        {"question": "q", "choices": ["only"]},
+        {"question": "q", "choices": ["a", "a"]},
+        {"question": "q", "choices": ["a", "b"], "default": "c"},
+    ],
+)
+def test_predict_rejects_bad_input(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        lesson.predict(**kwargs)
+
+
+def test_reveal_rejects_an_actual_outside_the_choices() -> None:
+    p = lesson.predict("q?", choices=["a", "b"])
+    with pytest.raises(ValueError, match="not one of the choices"):
+        p.reveal("c")
+
+
+def test_ratio_sentence_directions() -> None:
+    rate = lesson.ratio_sentence("workers=0", 100.0, "workers=2", 180.0, "samples/s")
+    assert "workers=2 was 1.8x faster than workers=0" in rate
+    slower_rate = lesson.ratio_sentence("A", 200.0, "B", 100.0, "samples/s")
+    assert "B was 2.0x slower than A" in slower_rate
+    time = lesson.ratio_sentence("fp32", 2.0, "bf16", 1.0, "s")
+    assert "bf16 was 2.0x faster than fp32" in time
+    mem = lesson.ratio_sentence("fp32", 400.0, "bf16", 300.0, "MiB")
+    assert "bf16 used 1.3x less memory than fp32" in mem
+    other = lesson.ratio_sentence("A", 1.0, "B", 3.0, "widgets")
+    assert "3.0x higher" in other
+    same = lesson.ratio_sentence("A", 100.0, "B", 102.0, "samples/s")
+    assert "about the same" in same
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf])
+def test_ratio_rejects_non_measurements(bad: float) -> None:
+    with pytest.raises(ValueError, match="finite, positive"):
+        lesson.ratio_sentence("A", bad, "B", 1.0, "s")
+    with pytest.raises(ValueError):
+        lesson.ratio(1.0, bad)
+
+
+def test_outdated_html_escapes_code_and_names_the_fix() -> None:
+    box = lesson.outdated_html("scaler = torch.cuda.amp.GradScaler()", "scaler = torch.amp.GradScaler('cuda')", "a < b")
+    assert "torch.cuda.amp.GradScaler" in box and "torch.amp.GradScaler(&#x27;cuda&#x27;)" in box
+    assert "a &lt; b" in box  # escaped, so code cannot break the HTML
+    assert "color: inherit" in box  # readable in dark themes
+    with pytest.raises(ValueError, match="new_code"):
+        lesson.outdated_html("old", " ", "why")
+
+
+def test_gpu_note_and_recap_markdown() -> None:
+    note = lesson.gpu_note_markdown("line one\n\nline two")
+    assert note.startswith("> **On a GPU**") and "> line two" in note
+    text = lesson.recap_markdown(["point a", "point b"], exercise="exercises/02_bottleneck.ipynb")
+    assert "- point a" in text and "python -m course_lib check 02" in text
+    several = lesson.recap_markdown(["p"], exercise=["exercises/01_template.ipynb", "exercises/09_evaluate_sums.ipynb"])
+    assert "check 01" in several and "check 09" in several
+    with pytest.raises(ValueError):
+        lesson.recap_markdown([], exercise="exercises/02_bottleneck.ipynb")
+    with pytest.raises(ValueError, match="NN_name"):
+        lesson.exercise_id("exercises/bottleneck.ipynb")
+
+
+def test_display_helpers_run_outside_a_notebook(capsys: pytest.CaptureFixture[str]) -> None:
+    lesson.say("**hello**")
+    lesson.gpu_note("faster")
+    lesson.outdated("a", "b", "c")
+    lesson.recap(["x"], exercise="exercises/13_modules.ipynb")
+    out = capsys.readouterr().out
+    assert out  # each helper displayed something
