@@ -1,0 +1,210 @@
+"""Checks for exercise 10: what a model stores, and a forward latency worth reporting.
+
+The learner defines ``count_trainable(model)``, ``stored_bytes(model)`` and
+``measure_latency(model, example, device, *, warmup, reps, timer)``. Memory answers are compared with the
+reference in :mod:`course_lib.perf.memory` on a model with buffers, frozen layers and mixed dtypes.
+
+Latency is checked without ever reading a real clock (machines are shared and noisy): the check passes a
+*fake* clock that only the model advances, and a model whose first calls are slow. A correct measurement
+then reports an exactly known median; one that times the warm-up, averages, or forgets to synchronise
+gives a different answer or an out-of-order event log.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+from torch import nn
+
+import course_lib.device
+from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.perf.memory import count_parameters
+from course_lib.perf.memory import stored_bytes as reference_stored_bytes
+
+REPORT_KEYS = ("median_ms", "batch", "shape", "device", "precision", "warmup", "reps")
+
+
+def _memory_model() -> nn.Module:
+    """Trainable and frozen layers, BatchNorm buffers (one of them int64) and a half-precision buffer."""
+    model = nn.Sequential(nn.Linear(6, 10), nn.BatchNorm1d(10), nn.ReLU(), nn.Linear(10, 3))
+    model[0].requires_grad_(False)  # a frozen feature layer: stored, not trained
+    model.register_buffer("lookup", torch.zeros(7, dtype=torch.float16))
+    model.scale = nn.Parameter(torch.ones(5, dtype=torch.float64))
+    return model
+
+
+@check_for("10", "trainable parameter count", points=1)
+def trainable(ns: dict[str, Any]) -> None:
+    count = need(ns, "count_trainable", "define `count_trainable(model) -> int`")
+    model = _memory_model()
+    expected, got = count_parameters(model, trainable_only=True), count(model)
+    if got != expected:
+        total = count_parameters(model, trainable_only=False)
+        hint = (
+            "frozen parameters (requires_grad=False) are not trained: leave them out"
+            if got == total
+            else "count elements (p.numel()) of the parameters whose requires_grad is True"
+        )
+        raise CheckFailed("count_trainable counted the wrong parameters", hint=hint, expected=expected, got=got)
+
+
+@check_for("10", "stored bytes of parameters + buffers", points=1)
+def stored(ns: dict[str, Any]) -> None:
+    fn = need(ns, "stored_bytes", "define `stored_bytes(model) -> int`")
+    model = _memory_model()
+    expected, got = reference_stored_bytes(model), fn(model)
+    if got != expected:
+        params_only = sum(p.numel() * p.element_size() for p in model.parameters())
+        if got == params_only:
+            hint = "buffers (BatchNorm running statistics, registered lookup tables) are stored too: add model.buffers()"
+        elif got == 4 * sum(t.numel() for t in list(model.parameters()) + list(model.buffers())):
+            hint = "not every tensor is 4 bytes per element: use t.element_size() (fp16 is 2, int64 and float64 are 8)"
+        else:
+            hint = "sum t.numel() * t.element_size() over parameters (frozen included) and buffers"
+        raise CheckFailed("stored_bytes does not match the bytes this model holds", hint=hint, expected=expected, got=got)
+
+
+class _FakeClock:
+    """A clock that moves only when the model runs, and logs every read."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.now = 0.0
+        self.log = log
+
+    def __call__(self) -> float:
+        self.log.append("timer")
+        return self.now
+
+
+class _SlowStart(nn.Module):
+    """Slow for its first ``slow_calls`` calls (lazy set-up), then a known cost per call (in seconds)."""
+
+    def __init__(self, clock: _FakeClock, slow_calls: int, costs_ms: list[float]) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.drop = nn.Dropout(0.5)
+        self.clock, self.slow_calls, self.costs_ms = clock, slow_calls, costs_ms
+        self.calls: list[tuple[bool, bool]] = []  # (inference mode on, training flag) per call
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append((torch.is_inference_mode_enabled(), self.training))
+        n = len(self.calls)
+        cost = 500.0 if n <= self.slow_calls else self.costs_ms[(n - self.slow_calls - 1) % len(self.costs_ms)]
+        self.clock.now += cost / 1000.0
+        self.clock.log.append("model")
+        return self.drop(self.lin(x))
+
+
+def _run_latency(ns: dict[str, Any], warmup: int, costs_ms: list[float]) -> tuple[dict[str, Any], _SlowStart, list[str]]:
+    measure = need(
+        ns, "measure_latency", "define `measure_latency(model, example, device, *, warmup, reps, timer)` returning a dict"
+    )
+    log: list[str] = []
+    clock = _FakeClock(log)
+    model = _SlowStart(clock, slow_calls=warmup, costs_ms=costs_ms)
+    model.train()  # the learner's function must switch to eval itself
+
+    def logged_sync(device: Any = None) -> None:
+        log.append("sync")
+
+    # Replace synchronize wherever the learner's code may look it up, for the duration of the call only.
+    saved_ns, saved_mod = ns.get("synchronize"), course_lib.device.synchronize
+    ns["synchronize"] = logged_sync
+    course_lib.device.synchronize = logged_sync  # type: ignore[assignment]
+    try:
+        report = measure(model, torch.randn(3, 4), torch.device("cpu"), warmup=warmup, reps=len(costs_ms), timer=clock)
+    finally:
+        course_lib.device.synchronize = saved_mod  # type: ignore[assignment]
+        if saved_ns is None:
+            ns.pop("synchronize", None)
+        else:
+            ns["synchronize"] = saved_ns
+    if not isinstance(report, dict):
+        raise CheckFailed("measure_latency should return a dict (the report)", expected=REPORT_KEYS, got=type(report).__name__)
+    return report, model, log
+
+
+@check_for("10", "warm-up excluded, median of repetitions", points=2)
+def latency_median(ns: dict[str, Any]) -> None:
+    costs = [2.0, 7.0, 3.0, 40.0, 5.0]  # ms per timed call; median 5, mean 11.4
+    report, model, _ = _run_latency(ns, warmup=3, costs_ms=costs)
+    if len(model.calls) != 3 + len(costs):
+        raise CheckFailed(
+            "the model should run warmup + reps times in total",
+            hint="run `warmup` untimed calls, then time `reps` calls one by one",
+            expected=3 + len(costs),
+            got=len(model.calls),
+        )
+    got = report.get("median_ms")
+    expected = statistics.median(costs)
+    if not isinstance(got, (int, float)) or abs(got - expected) > 1e-6:
+        if isinstance(got, (int, float)) and got > 100:
+            hint = "the slow first calls were timed: run the warm-up calls before starting any clock"
+        elif isinstance(got, (int, float)) and abs(got - statistics.fmean(costs)) < 1e-6:
+            hint = "that is the mean; time each repetition separately and report statistics.median of them"
+        else:
+            hint = "time each repetition with `timer()` before and after, in milliseconds, and take the median"
+        raise CheckFailed(
+            "median_ms is not the median of the timed repetitions (this model is slow only on its first calls)",
+            hint=hint,
+            expected=expected,
+            got=got,
+        )
+
+
+@check_for("10", "eval mode, inference_mode, synchronised", points=1)
+def latency_conditions(ns: dict[str, Any]) -> None:
+    report, model, log = _run_latency(ns, warmup=2, costs_ms=[1.0, 2.0, 3.0])
+    if not model.calls or not all(inference for inference, _ in model.calls):
+        raise CheckFailed(
+            "every forward call should run under torch.inference_mode() (no autograd bookkeeping)",
+            hint="wrap the warm-up and the timed loop in `with torch.inference_mode():`",
+        )
+    if any(training for _, training in model.calls):
+        raise CheckFailed(
+            "the model was timed in training mode (dropout active, BatchNorm updating)",
+            hint="call model.eval() before measuring",
+        )
+    pending, bad = False, 0
+    for event in log:
+        if event == "model":
+            pending = True
+        elif event == "sync":
+            pending = False
+        elif event == "timer" and pending:
+            bad += 1
+    if bad:
+        raise CheckFailed(
+            "the clock was read while device work could still be queued: on a GPU that times the launch, not the work",
+            hint="call synchronize(device) after the warm-up and before each stop of the clock",
+            expected="synchronize(device) between every model call and the next timer() read",
+            got=f"{bad} timer read(s) without it",
+        )
+
+
+@check_for("10", "the report says what was measured", points=1)
+def latency_report(ns: dict[str, Any]) -> None:
+    report, _, _ = _run_latency(ns, warmup=1, costs_ms=[1.0, 1.0])
+    missing = [k for k in REPORT_KEYS if k not in report]
+    if missing:
+        raise CheckFailed(
+            "a latency number is meaningless without its conditions: the report misses some fields",
+            hint="return shape, batch, device, precision, warm-up and repetitions next to median_ms",
+            expected=list(REPORT_KEYS),
+            got=sorted(report),
+        )
+    wrong = {
+        k: report[k]
+        for k, want in (("batch", 3), ("warmup", 1), ("reps", 2), ("shape", (3, 4)))
+        if (tuple(report[k]) if k == "shape" and isinstance(report[k], (list, tuple, torch.Size)) else report[k]) != want
+    }
+    if "cpu" not in str(report["device"]):
+        wrong["device"] = report["device"]
+    if wrong:
+        raise CheckFailed(
+            "some report fields do not describe this measurement (input [3, 4] on the CPU, warmup=1, reps=2)",
+            expected={"batch": 3, "shape": (3, 4), "device": "cpu", "warmup": 1, "reps": 2},
+            got=wrong,
+        )

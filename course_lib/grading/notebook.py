@@ -1,0 +1,103 @@
+"""Reading exercise notebooks: tags, solution regions, and the code a grader may run.
+
+Notebooks are read as plain JSON (nbformat 4) so a grader never needs a kernel and a broken
+file is a clear :class:`NotebookError`, not a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION:[ \t]*(?P<what>.*?)[ \t]*$")
+END = re.compile(r"^[ \t]*### END SOLUTION[ \t]*$")
+NOTEBOOK_NAME = re.compile(r"^(?P<number>\d\d)_(?P<topic>[A-Za-z0-9_]+)\.ipynb$")
+GRADED_TAGS = ("setup", "exercise")
+
+
+class NotebookError(ValueError):
+    """A notebook that cannot be read or whose solution regions are malformed."""
+
+
+def exercise_number(path: Path) -> str:
+    """``solutions/05_accumulation.ipynb`` -> ``"05"``."""
+    match = NOTEBOOK_NAME.match(Path(path).name)
+    if not match:
+        raise NotebookError(f"{path}: exercise notebooks are named NN_topic.ipynb (e.g. 05_accumulation.ipynb)")
+    return match["number"]
+
+
+def read(path: Path) -> dict[str, Any]:
+    """Load a notebook's JSON, with a message that says what is broken."""
+    try:
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NotebookError(f"{path}: notebook not found") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotebookError(f"{path}: not a valid notebook file ({exc}); re-save it from Jupyter") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise NotebookError(f"{path}: not a notebook (no list of cells); re-save it from Jupyter")
+    return nb
+
+
+def source(cell: dict[str, Any]) -> str:
+    text = cell.get("source", "")
+    return "".join(text) if isinstance(text, list) else str(text)
+
+
+def tags(cell: dict[str, Any]) -> list[str]:
+    meta = cell.get("metadata") or {}
+    found = meta.get("tags") or []
+    return [str(t) for t in found] if isinstance(found, list) else []
+
+
+def replace_regions(code: str, number: str, start: int, where: str = "cell") -> tuple[str, int]:
+    """Replace each solution region of ``code`` by a numbered ``NotImplementedError`` stub.
+
+    Returns the new code and how many regions were replaced; regions are numbered from ``start``.
+    """
+    out: list[str] = []
+    inside: re.Match[str] | None = None
+    count = 0
+    for lineno, line in enumerate(code.split("\n"), 1):
+        begin = BEGIN.match(line)
+        if begin:
+            if inside:
+                raise NotebookError(f"{where}, line {lineno}: BEGIN SOLUTION inside another region")
+            if not begin["what"]:
+                raise NotebookError(f"{where}, line {lineno}: say what to do after `### BEGIN SOLUTION:`")
+            inside = begin
+            continue
+        if END.match(line):
+            if not inside:
+                raise NotebookError(f"{where}, line {lineno}: END SOLUTION without BEGIN SOLUTION")
+            label = f"Exercise {number}.{start + count}: {inside['what']}"
+            out.append(f"{inside['indent']}raise NotImplementedError({json.dumps(label, ensure_ascii=False)})")
+            count += 1
+            inside = None
+            continue
+        if not inside:
+            out.append(line)
+    if inside:
+        raise NotebookError(f"{where}: BEGIN SOLUTION ({inside['what']!r}) is never closed by ### END SOLUTION")
+    return "\n".join(out), count
+
+
+def graded_code(nb: dict[str, Any]) -> list[tuple[int, str]]:
+    """``[(cell index, python source)]`` of the set-up and exercise cells, IPython-only lines skipped.
+
+    ``%magic`` and ``!shell`` lines are not Python; in a grader they are replaced by ``pass`` so
+    line numbers in error messages still match the notebook.
+    """
+    cells = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell.get("cell_type") != "code" or not set(tags(cell)) & set(GRADED_TAGS):
+            continue
+        lines = []
+        for line in source(cell).split("\n"):
+            stripped = line.lstrip()
+            lines.append(line[: len(line) - len(stripped)] + "pass" if stripped[:1] in ("%", "!") else line)
+        cells.append((index, "\n".join(lines)))
+    return cells
