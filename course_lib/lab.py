@@ -1,0 +1,275 @@
+"""``python -m course_lib lab``: start JupyterLab on the course's welcome notebook, safely.
+
+What this adds to a plain ``jupyter lab``:
+
+* **Local and authenticated by default.** The server listens on ``127.0.0.1`` and always requires a fresh random
+  token. There is deliberately no option to disable or empty the token: a notebook server runs arbitrary code as
+  you, so anyone who can reach it owns your account. Listening on another address (``--ip 0.0.0.0`` for a
+  classroom) needs ``--allow-remote`` and prints a warning; the token is still required.
+* **The token is handed over in the environment** (``JUPYTER_TOKEN``), not on the command line, because every user
+  of a shared machine can read other people's command lines (``ps aux``) but not their environment.
+* **A busy port is not an error by default**: the next free port above the requested one is used and the banner
+  says so (in a workshop, two learners on one machine, or a forgotten server, must not block anyone). An
+  instructor who promised the room a fixed port passes ``--strict-port`` to get a clear error instead.
+* **It opens the lesson, not a file browser**: ``notebooks/00_welcome.ipynb`` (JupyterLab's ``default_url``
+  ``/lab/tree/<path>``), found relative to ``--notebook-dir``; ``--open`` picks another notebook.
+* **Offline first**: JupyterLab's update check is switched off (it would contact the internet at start-up).
+
+The pieces are plain functions so they can be tested and reused: :func:`build_command` returns a
+:class:`LabCommand` (argv, extra environment, URL) without starting anything; :func:`main` is the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+DEFAULT_PORT = 8888
+DEFAULT_IP = "127.0.0.1"
+WELCOME_NOTEBOOK = "notebooks/00_welcome.ipynb"
+# How far above the requested port to look for a free one before giving up.
+PORT_SEARCH_SPAN = 50
+
+
+class LabError(RuntimeError):
+    """The lab cannot start with the given options (the message says which option and what to do)."""
+
+
+@dataclass(frozen=True)
+class LabCommand:
+    """Everything needed to start one JupyterLab server, built but not yet run.
+
+    ``argv`` is the command line, ``env`` the variables to add to the current environment (the token lives here,
+    see the module docstring), ``url`` the address to open, token included.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    url: str
+    token: str
+    ip: str
+    port: int
+    notebook_dir: Path
+    default_path: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` without path or token (what an HTTP client talks to)."""
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"http://{host}:{self.port}"
+
+
+def new_token() -> str:
+    """A fresh random token (48 hex characters = 192 bits) for one server run."""
+    return secrets.token_hex(24)
+
+
+def is_loopback(ip: str) -> bool:
+    """True for addresses only this machine can reach (``127.0.0.1``, ``::1``, ``localhost``)."""
+    if ip == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: treat as reachable from outside
+
+
+def port_is_free(port: int, ip: str = DEFAULT_IP) -> bool:
+    """True when nothing listens on ``ip:port`` (we can bind it ourselves right now)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(ip: str = DEFAULT_IP) -> int:
+    """A port the operating system says is free now (for tests and throw-away servers)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((ip, 0))
+        return int(sock.getsockname()[1])
+
+
+def choose_port(requested: int, ip: str = DEFAULT_IP, *, strict: bool = False) -> int:
+    """Return ``requested`` if free, else the next free port above it (or raise :class:`LabError` if ``strict``)."""
+    if not 1 <= requested <= 65535:
+        raise LabError(f"--port {requested} is not a TCP port; use a number between 1024 and 65535, e.g. 8888.")
+    if port_is_free(requested, ip):
+        return requested
+    if strict:
+        raise LabError(
+            f"port {requested} on {ip} is already in use (another Jupyter server?). Stop that server "
+            f"(`jupyter server list` shows running ones), pick another --port, or drop --strict-port to use the "
+            f"next free port automatically."
+        )
+    for candidate in range(requested + 1, min(requested + PORT_SEARCH_SPAN, 65535) + 1):
+        if port_is_free(candidate, ip):
+            return candidate
+    raise LabError(
+        f"ports {requested}..{requested + PORT_SEARCH_SPAN} on {ip} are all in use; pass a different --port."
+    )
+
+
+def _running_as_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def find_default_notebook(notebook_dir: Path, wanted: str | None = None) -> str | None:
+    """The notebook to open, as a ``/``-separated path relative to ``notebook_dir`` (``None``: open the launcher).
+
+    ``wanted`` is taken relative to ``notebook_dir``; without it the welcome notebook is looked for both as
+    ``notebooks/00_welcome.ipynb`` (serving the repository root) and ``00_welcome.ipynb`` (serving ``notebooks/``).
+    """
+    candidates = [wanted] if wanted else [WELCOME_NOTEBOOK, Path(WELCOME_NOTEBOOK).name]
+    for candidate in candidates:
+        if (notebook_dir / candidate).is_file():
+            return Path(candidate).as_posix()
+    return None
+
+
+def build_command(
+    *,
+    port: int = DEFAULT_PORT,
+    notebook_dir: str | os.PathLike[str] = ".",
+    ip: str = DEFAULT_IP,
+    token: str | None = None,
+    open_browser: bool = True,
+    allow_remote: bool = False,
+    open_path: str | None = None,
+    extra_args: Sequence[str] = (),
+    python: str = sys.executable,
+) -> LabCommand:
+    """Build (but do not run) the JupyterLab command for these options, checking them first.
+
+    ``port`` is used as given (call :func:`choose_port` first to handle a busy port). ``token=None`` draws a fresh
+    one; an empty token is refused. ``extra_args`` are appended as-is (tests use them for temporary settings
+    directories).
+    """
+    if token is not None and not token.strip():
+        raise LabError("the token must not be empty: an unauthenticated notebook server runs anyone's code as you.")
+    if not is_loopback(ip) and not allow_remote:
+        raise LabError(
+            f"--ip {ip} would let other machines reach this notebook server. Keep the default {DEFAULT_IP}, "
+            f"or add --allow-remote if you really mean to serve a network (the token is still required)."
+        )
+    if not 1 <= port <= 65535:
+        raise LabError(f"--port {port} is not a TCP port; use a number between 1024 and 65535, e.g. 8888.")
+    root = Path(notebook_dir).expanduser().resolve()
+    if not root.is_dir():
+        raise LabError(f"--notebook-dir {notebook_dir!s} is not a directory; pass the folder holding the notebooks.")
+    if open_path is not None and find_default_notebook(root, open_path) is None:
+        raise LabError(f"--open {open_path}: no such notebook under {root}; give a path relative to --notebook-dir.")
+
+    token = token or new_token()
+    default_path = find_default_notebook(root, open_path)
+    notes: list[str] = []
+    if default_path is None:
+        notes.append(f"{WELCOME_NOTEBOOK} was not found under {root}; opening the launcher instead.")
+    default_url = f"/lab/tree/{default_path}" if default_path else "/lab"
+
+    argv = [
+        python, "-m", "jupyterlab",
+        f"--ServerApp.ip={ip}",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",  # we chose the port ourselves; never drift silently to another one
+        f"--ServerApp.root_dir={root}",
+        f"--LabApp.default_url={default_url}",
+        f"--ServerApp.open_browser={open_browser}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",  # offline first: no phoning home
+        *extra_args,
+    ]
+    if _running_as_root():
+        # Containers often run everything as root; JupyterLab refuses that unless told. The token still applies.
+        argv.insert(3, "--ServerApp.allow_root=True")
+        notes.append("running as root (common in containers): allowed, but prefer a normal user account.")
+    env = {"JUPYTER_TOKEN": token}
+    host = f"[{ip}]" if ":" in ip else ip
+    url = f"http://{host}:{port}{default_url}?token={token}"
+    return LabCommand(argv=argv, env=env, url=url, token=token, ip=ip, port=port, notebook_dir=root,
+                      default_path=default_path, notes=notes)
+
+
+def banner(cmd: LabCommand, *, requested_port: int | None = None) -> str:
+    """The message printed before the server starts: where to point the browser, with the token."""
+    lines = ["", "=" * 78, "  Course lab: JupyterLab is starting.", ""]
+    if requested_port is not None and requested_port != cmd.port:
+        lines += [f"  Port {requested_port} is in use, so this lab uses port {cmd.port}.", ""]
+    lines += [
+        "  Open this address in your browser (the token in it is your password):",
+        "",
+        f"      {cmd.url}",
+        "",
+        f"  token:        {cmd.token}",
+        f"  notebook dir: {cmd.notebook_dir}",
+    ]
+    lines += [f"  note:         {note}" for note in cmd.notes]
+    lines += ["", "  Stop the lab with Ctrl-C (twice).", "=" * 78, ""]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib lab",
+        description="Launch JupyterLab on the course's welcome notebook, on 127.0.0.1, protected by a token.",
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port to serve on (default {DEFAULT_PORT}); if busy, the next free one is used")
+    parser.add_argument("--strict-port", action="store_true",
+                        help="fail with an error instead of moving to the next free port")
+    parser.add_argument("--notebook-dir", default=".", help="folder JupyterLab serves (default: current folder)")
+    parser.add_argument("--open", dest="open_path", default=None,
+                        help=f"notebook to open, relative to --notebook-dir (default: {WELCOME_NOTEBOOK})")
+    parser.add_argument("--ip", default=DEFAULT_IP, help=f"address to listen on (default {DEFAULT_IP}: this machine)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a non-local --ip such as 0.0.0.0 (a classroom server); prints a warning")
+    parser.add_argument("--no-browser", action="store_true", help="do not open a browser window")
+    parser.add_argument("--dry-run", action="store_true", help="print the command that would run, and exit")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point (registered as ``python -m course_lib lab``). Returns the server's exit code."""
+    args = _parser().parse_args(list(argv) if argv is not None else None)
+    try:
+        if not is_loopback(args.ip) and args.allow_remote:
+            print(
+                f"WARNING: serving on {args.ip}: other machines on this network can reach this notebook server. "
+                "Only the token protects it; share it only with your room, and stop the server after the session.",
+                file=sys.stderr,
+            )
+        # Validate everything (ip, directory, notebook) before probing ports, so bad input fails first.
+        build_command(port=args.port, notebook_dir=args.notebook_dir, ip=args.ip, token="check",
+                      allow_remote=args.allow_remote, open_path=args.open_path)
+        port = choose_port(args.port, "127.0.0.1" if args.ip == "localhost" else args.ip, strict=args.strict_port)
+        cmd = build_command(port=port, notebook_dir=args.notebook_dir, ip=args.ip,
+                            open_browser=not args.no_browser, allow_remote=args.allow_remote,
+                            open_path=args.open_path)
+    except LabError as err:
+        print(f"course lab: {err}", file=sys.stderr)
+        return 2
+
+    if args.dry_run:
+        print(" ".join(cmd.argv))
+        print("environment: JUPYTER_TOKEN=<token>")
+        print(cmd.url)
+        return 0
+    print(banner(cmd, requested_port=args.port), flush=True)
+    process = subprocess.Popen(cmd.argv, env={**os.environ, **cmd.env})
+    while True:
+        try:
+            return process.wait()
+        except KeyboardInterrupt:
+            # The terminal sends Ctrl-C to JupyterLab too; it asks for confirmation or shuts down by itself.
+            continue

@@ -1,0 +1,111 @@
+"""`python -m course_lib lab`: the command it builds, and a real server that demands its token."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from browser_helpers import get_status, running_lab
+from course_lib import lab
+
+
+def _notebook_tree(root: Path) -> Path:
+    (root / "notebooks").mkdir(parents=True)
+    (root / "notebooks" / "00_welcome.ipynb").write_text("{}")
+    return root
+
+
+def _option(argv: list[str], name: str) -> str:
+    values = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+    assert len(values) == 1, f"--{name} given {len(values)} times in {argv}"
+    return values[0]
+
+
+def test_command_binds_localhost_with_a_token_port_and_directory(tmp_path):
+    root = _notebook_tree(tmp_path)
+    cmd = lab.build_command(port=8765, notebook_dir=root)
+    assert cmd.argv[1:3] == ["-m", "jupyterlab"]
+    assert _option(cmd.argv, "ServerApp.ip") == "127.0.0.1"
+    assert _option(cmd.argv, "ServerApp.port") == "8765"
+    assert _option(cmd.argv, "ServerApp.root_dir") == str(root.resolve())
+    assert _option(cmd.argv, "LabApp.default_url") == "/lab/tree/notebooks/00_welcome.ipynb"
+    # The token travels in the environment (not visible in `ps`), is long and random, and is in the URL.
+    assert len(cmd.env["JUPYTER_TOKEN"]) >= 32 and cmd.env["JUPYTER_TOKEN"] == cmd.token
+    assert lab.build_command(port=8765, notebook_dir=root).token != cmd.token
+    assert not any("token" in a.lower() for a in cmd.argv), "the token must never be disabled or set on argv"
+    assert cmd.url == f"http://127.0.0.1:8765/lab/tree/notebooks/00_welcome.ipynb?token={cmd.token}"
+    assert cmd.token in lab.banner(cmd)
+
+
+def test_welcome_notebook_found_when_serving_the_notebooks_folder(tmp_path):
+    root = _notebook_tree(tmp_path)
+    cmd = lab.build_command(notebook_dir=root / "notebooks", token="t" * 32, open_browser=False)
+    assert _option(cmd.argv, "LabApp.default_url") == "/lab/tree/00_welcome.ipynb"
+    assert _option(cmd.argv, "ServerApp.open_browser") == "False"
+    bare = lab.build_command(notebook_dir=tmp_path / "notebooks" / "..", token="t" * 32)
+    assert bare.default_path == "notebooks/00_welcome.ipynb"
+
+
+def test_missing_welcome_notebook_opens_the_launcher_with_a_note(tmp_path):
+    cmd = lab.build_command(notebook_dir=tmp_path)
+    assert _option(cmd.argv, "LabApp.default_url") == "/lab"
+    assert cmd.notes and "00_welcome" in cmd.notes[0]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"ip": "0.0.0.0"}, "--allow-remote"),
+    ({"token": ""}, "empty"),
+    ({"token": "   "}, "empty"),
+    ({"port": 0}, "--port"),
+    ({"port": 70000}, "--port"),
+    ({"open_path": "nope.ipynb"}, "--open"),
+])
+def test_bad_options_are_refused_with_a_reason(tmp_path, kwargs, words):
+    with pytest.raises(lab.LabError, match=words):
+        lab.build_command(notebook_dir=tmp_path, **kwargs)
+
+
+def test_missing_directory_is_refused(tmp_path):
+    with pytest.raises(lab.LabError, match="--notebook-dir"):
+        lab.build_command(notebook_dir=tmp_path / "absent")
+
+
+def test_remote_ip_needs_allow_remote_and_warns(tmp_path, capsys):
+    cmd = lab.build_command(notebook_dir=tmp_path, ip="0.0.0.0", allow_remote=True)
+    assert _option(cmd.argv, "ServerApp.ip") == "0.0.0.0" and cmd.token
+    assert lab.main(["--ip", "0.0.0.0", "--notebook-dir", str(tmp_path)]) == 2
+    assert "--allow-remote" in capsys.readouterr().err
+    assert lab.main(["--ip", "0.0.0.0", "--allow-remote", "--dry-run", "--notebook-dir", str(tmp_path)]) == 0
+    assert "WARNING" in capsys.readouterr().err
+
+
+def test_busy_port_moves_on_or_fails_when_strict():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert not lab.port_is_free(port)
+        chosen = lab.choose_port(port)
+        assert chosen > port and lab.port_is_free(chosen)
+        with pytest.raises(lab.LabError, match="in use"):
+            lab.choose_port(port, strict=True)
+
+
+def test_dry_run_prints_the_command_without_the_token(tmp_path, capsys):
+    root = _notebook_tree(tmp_path)
+    assert lab.main(["--port", str(lab.free_port()), "--notebook-dir", str(root), "--no-browser", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "jupyterlab" in out and "--ServerApp.open_browser=False" in out and "token=" in out
+
+
+@pytest.mark.slow
+def test_real_server_requires_the_token(tmp_path):
+    root = _notebook_tree(tmp_path / "root")
+    with running_lab(root, tmp_path / "state") as server:
+        status, body = get_status(server.command.base_url, server.command.token)
+        assert status == 200 and "started" in body
+        assert get_status(server.command.base_url, None)[0] == 403
+        assert get_status(server.command.base_url, "wrong-token")[0] == 403
+    assert server.process.poll() is not None, "the server must be stopped after the test"
