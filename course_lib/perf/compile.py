@@ -1,0 +1,304 @@
+"""``torch.compile`` measured honestly: when it works, what it costs, when it recompiles, and TF32.
+
+What compile does: TorchDynamo captures the Python forward into a graph; the backend (Inductor by default) fuses
+elementwise operations into fewer kernels and generates C++ (CPU) or Triton (GPU) code. Fewer kernels means less
+Python and launch overhead and fewer trips through memory.
+
+Things to know before relying on it:
+
+* **It is lazy.** ``torch.compile(model)`` returns at once; compilation happens at the *first call*, and that is
+  also where it fails (no C/C++ compiler, unsupported platform, an operation it cannot trace). Hence
+  :func:`warm_compile`, which makes that first call inside a ``try`` and falls back to eager with the reason.
+* **The first step is slow** (seconds to minutes); the steady state is what gets faster. :func:`measure_compile`
+  reports both, separately, eager and compiled side by side.
+* **Shapes are part of the graph.** A new input shape (the last, smaller batch of an epoch; a different sequence
+  length) triggers a *recompilation*: a stall in the middle of training. Static shapes (``drop_last=True``,
+  padding to a fixed length) avoid it; ``dynamic=True`` or ``torch._dynamo.mark_dynamic(x, 0)`` compile one graph
+  for all sizes. :class:`RecompileCounter` counts compilations; :func:`demonstrate_recompile` shows the stall.
+* **Pass mode by keyword.** The signature is ``torch.compile(model, fullgraph=False, dynamic=None, backend=
+  "inductor", mode=None, ...)`` in recent versions, but ``torch.compile(model, "max-autotune")`` would give the
+  string to the *second* positional parameter (historically ``backend``), not to ``mode`` -- at best an error about
+  an unknown backend, at worst a silently different configuration. Always write ``mode="max-autotune"``.
+  ``"reduce-overhead"`` uses CUDA graphs (GPU only); ``"max-autotune"`` benchmarks kernel variants (long compile).
+* **TF32** (:func:`enable_tf32`) is a separate switch: on NVIDIA Ampere and newer, fp32 matmuls may run on tensor
+  cores with a 10-bit mantissa. ``torch.set_float32_matmul_precision("high")`` enables it for matmuls; it is
+  independent of autocast (which changes the *dtype* of activations) and of compile.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from course_lib.device import synchronize
+
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_blocker(device: torch.device | str = "cpu", backend: str = "inductor") -> str | None:
+    """Why ``torch.compile`` cannot work here, or ``None`` if nothing is known to block it.
+
+    Checked before any work: the platform is supported by TorchDynamo; Inductor has a C/C++ compiler to call
+    (Windows needs MSVC's ``cl.exe`` on PATH, i.e. a "Developer Command Prompt"); MPS support is partial.
+    """
+    try:
+        from torch._dynamo.eval_frame import is_dynamo_supported
+
+        if not is_dynamo_supported():
+            return f"TorchDynamo does not support this platform/Python ({sys.platform}, Python {sys.version.split()[0]})."
+    except Exception as exc:  # noqa: BLE001 - any failure here means compile is unusable
+        return f"TorchDynamo could not be imported: {exc}"
+    if backend != "inductor":
+        return None
+    device = torch.device(device)
+    if sys.platform == "win32" and not shutil.which("cl"):
+        return ("Windows without MSVC: Inductor needs cl.exe on PATH (install Visual Studio Build Tools and start "
+                "from the 'x64 Native Tools' prompt), or use WSL2.")
+    if device.type == "cpu" or device.type == "cuda":
+        compilers = [os.environ.get("CXX", ""), "g++", "c++", "clang++", "cl"]
+        if not any(c and shutil.which(c) for c in compilers):
+            return "no C++ compiler found (Inductor generates C++): install gcc/g++ (Linux) or Xcode CLT (macOS)."
+    if device.type == "mps":
+        return "Inductor's MPS support is partial in this PyTorch; compile on MPS is not relied on in this course."
+    return None
+
+
+def _check_mode(mode: Any) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not one of {MODES}. Pass it by keyword: torch.compile(model, mode=...).")
+
+
+def compile_or_eager(
+    model: torch.nn.Module,
+    *,
+    mode: str | None = None,
+    dynamic: bool | None = None,
+    fullgraph: bool = False,
+    backend: str | Callable = "inductor",
+    device: torch.device | str | None = None,
+) -> tuple[torch.nn.Module, str | None]:
+    """``(torch.compile(model, ...), None)``, or ``(model, reason)`` with the reason printed when compile cannot work.
+
+    Only the *known* blockers are checked here; compile is lazy, so use :func:`warm_compile` to make the first call
+    (where most failures appear) and fall back then.
+    """
+    _check_mode(mode)
+    if device is None:
+        first = next(iter(model.parameters()), None)
+        device = first.device if first is not None else torch.device("cpu")
+    reason = compile_blocker(device, backend if isinstance(backend, str) else "custom")
+    if reason is not None:
+        print(f"torch.compile skipped, running eager: {reason}")
+        return model, reason
+    return torch.compile(model, mode=mode, dynamic=dynamic, fullgraph=fullgraph, backend=backend), None
+
+
+def _eager_of(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "_orig_mod", model)
+
+
+def warm_compile(model: torch.nn.Module, example: Any) -> tuple[torch.nn.Module, str | None, float]:
+    """Call ``model(example)`` once to trigger compilation; ``(model, None, seconds)`` or eager fallback.
+
+    On failure the *original* eager module is returned with the error as the reason (printed), so a notebook keeps
+    running on any machine.
+    """
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            model(*example) if isinstance(example, tuple) else model(example)
+    except Exception as exc:  # noqa: BLE001 - compile errors come in many types (BackendCompilerFailed, OSError...)
+        reason = f"compilation failed at the first call: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        print(f"torch.compile fell back to eager: {reason}")
+        return _eager_of(model), reason, time.perf_counter() - t0
+    return model, None, time.perf_counter() - t0
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    x, y = batch
+    out = model(x)
+    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=-100)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def measure_compile(
+    model: torch.nn.Module,
+    example_fn: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    *,
+    steps: int,
+    mode: str | None = None,
+    backend: str = "inductor",
+    device: torch.device | str = "cpu",
+    warmup: int = 2,
+) -> dict[str, Any]:
+    """Training-step time, eager vs compiled, same weights and batches, steady state and cold start separately.
+
+    ``example_fn()`` returns an ``(x, y)`` batch on ``device``. The compiled copy's first step (the cold compile) is
+    timed alone; then ``warmup`` steps each are discarded; then ``steps`` steps are timed *interleaved* (eager,
+    compiled, eager, ...) so background noise hits both equally; medians are reported.
+    """
+    _check_mode(mode)
+    if steps < 1:
+        raise ValueError(f"steps={steps} must be >= 1.")
+    device = torch.device(device)
+    eager = model.to(device).train()
+    twin = copy.deepcopy(eager)
+    compiled, reason = compile_or_eager(twin, mode=mode, backend=backend, device=device)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=1e-3)
+    opt_c = torch.optim.SGD(twin.parameters(), lr=1e-3)
+
+    def timed(m: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
+        batch = example_fn()
+        synchronize(device)
+        t0 = time.perf_counter()
+        _train_step(m, opt, batch)
+        synchronize(device)
+        return time.perf_counter() - t0
+
+    eager_first = timed(eager, opt_e)
+    try:
+        cold = timed(compiled, opt_c)
+    except Exception as exc:  # noqa: BLE001
+        reason = f"compilation failed at the first step: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        print(f"torch.compile fell back to eager: {reason}")
+        compiled = twin
+        cold = timed(compiled, opt_c)
+    for _ in range(warmup):
+        timed(eager, opt_e)
+        timed(compiled, opt_c)
+    eager_t, comp_t = [], []
+    for _ in range(steps):
+        eager_t.append(timed(eager, opt_e))
+        comp_t.append(timed(compiled, opt_c))
+    e, c = statistics.median(eager_t), statistics.median(comp_t)
+    return {
+        "device": str(device), "mode": mode, "backend": backend, "fallback_reason": reason, "steps": steps,
+        "eager_step_s": e, "compiled_step_s": c, "speedup": e / c if c > 0 else float("nan"),
+        "eager_first_step_s": eager_first, "cold_first_step_s": cold,
+        "compile_overhead_s": cold - e, "break_even_steps": (cold - e) / (e - c) if e > c else None,
+    }
+
+
+@dataclass
+class RecompileCounter:
+    """A ``torch.compile`` backend that counts compilations, wrapping a real backend (``"eager"``, ``"inductor"``...).
+
+    Dynamo calls the backend once per graph it captures; a second call for the same code is a *recompilation*
+    (a guard failed, typically a new input shape). ``shapes`` records the example input shapes of each compile.
+
+    >>> counter = RecompileCounter("eager")              # doctest: +SKIP
+    >>> fast = torch.compile(model, backend=counter)    # doctest: +SKIP
+    """
+
+    backend: str = "eager"
+    compiles: int = 0
+    shapes: list[list[tuple[int, ...]]] = field(default_factory=list)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        from torch._dynamo import lookup_backend
+
+        self.compiles += 1
+        self.shapes.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+        return lookup_backend(self.backend)(gm, example_inputs)
+
+    @property
+    def recompiles(self) -> int:
+        """Compilations after the first."""
+        return max(0, self.compiles - 1)
+
+
+def _demo_model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 10))
+
+
+def demonstrate_recompile(
+    model: torch.nn.Module | None = None,
+    *,
+    batch_sizes: Sequence[int] = (16, 16, 7, 16, 5),
+    features: int = 32,
+    backend: str = "eager",
+    variants: Sequence[str] = ("static", "automatic", "dynamic", "padded"),
+) -> list[dict[str, Any]]:
+    """Feed batches of ``batch_sizes`` to a compiled model under several shape policies; one row per call.
+
+    * ``static`` (``dynamic=False``): every new batch size recompiles -- the stall you see mid-epoch.
+    * ``automatic`` (``dynamic=None``, the default): the first new size recompiles once with a dynamic batch
+      dimension; later sizes reuse it.
+    * ``dynamic`` (``dynamic=True``): one graph for all sizes from the start.
+    * ``padded``: every batch padded to the largest size (what ``drop_last=True`` achieves by dropping the odd
+      batch): a single compilation, at the cost of some wasted compute.
+
+    Rows: variant, call, batch_size, seconds (the stall shows as a spike), compiles so far, recompiled (bool).
+    ``backend="eager"`` isolates Dynamo's tracing and is fast; ``"inductor"`` shows the full, much longer stall.
+    """
+    settings = {"static": False, "automatic": None, "dynamic": True, "padded": False}
+    unknown = [v for v in variants if v not in settings]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; choose from {list(settings)}.")
+    base = model if model is not None else _demo_model()
+    top = max(batch_sizes)
+    rows: list[dict[str, Any]] = []
+    for variant in variants:
+        torch._dynamo.reset()  # forget earlier compilations so each variant starts cold
+        counter = RecompileCounter(backend)
+        fn = torch.compile(copy.deepcopy(base), backend=counter, dynamic=settings[variant])
+        for i, bs in enumerate(batch_sizes):
+            x = torch.randn(bs, features)
+            if variant == "padded" and bs < top:
+                x = torch.cat([x, x.new_zeros(top - bs, features)])
+            before = counter.compiles
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                fn(x)
+            rows.append({"variant": variant, "call": i, "batch_size": bs, "seconds": time.perf_counter() - t0,
+                         "compiles": counter.compiles, "recompiled": i > 0 and counter.compiles > before})
+    torch._dynamo.reset()
+    return rows
+
+
+def tf32_status() -> dict[str, Any]:
+    """Whether TF32 can be used here and whether it is on (matmul and cuDNN flags, float32 matmul precision)."""
+    available = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+    return {
+        "available": available,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "explanation": ("TF32 runs fp32 matmuls/convolutions on tensor cores with a 10-bit mantissa (NVIDIA Ampere "
+                        "and newer)." if available else
+                        "TF32 exists only on NVIDIA GPUs from Ampere (compute capability 8.0) on; here it does "
+                        "nothing, so fp32 stays full fp32."),
+    }
+
+
+def enable_tf32() -> str:
+    """Allow TF32 for fp32 matmuls and convolutions where the GPU has it; returns what was done, in words.
+
+    Equivalent to ``torch.set_float32_matmul_precision("high")`` plus ``torch.backends.cudnn.allow_tf32 = True``.
+    Separate from autocast: TF32 keeps tensors in fp32 and only changes how matmuls compute them. On a CPU (or a
+    GPU older than Ampere) this is a no-op, and says so.
+    """
+    status = tf32_status()
+    if not status["available"]:
+        return "TF32 not enabled: " + status["explanation"]
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    return f"TF32 enabled on {status['device']}: float32 matmul precision 'high', cuDNN TF32 on."
+
+
+__all__ = [
+    "compile_blocker", "compile_or_eager", "warm_compile", "measure_compile", "RecompileCounter",
+    "demonstrate_recompile", "tf32_status", "enable_tf32", "MODES",
+]

@@ -1,0 +1,258 @@
+"""Measuring a DataLoader, and the order in which to tune one.
+
+Tuning a loader by rule of thumb ("num_workers = number of cores") is guessing. The course measures instead, one
+change at a time, in this order (:func:`experiment_order`):
+
+1. **Baseline**: ``num_workers=0`` -- everything in the main process. Debug here first; record samples/s.
+2. **Worker counts** 1, 2, 4, ... up to the core count: workers decode and augment in parallel with the model.
+   Past the number of free cores, more workers only compete with each other and with the training process.
+3. **Batch size**: bigger batches amortise per-batch overhead (collation, Python, kernel launches) -- but change
+   the optimisation, so the learning rate may need to follow.
+4. **Pinned memory** (``pin_memory=True`` + ``.to(device, non_blocking=True)``): page-locked host buffers let the
+   copy to a CUDA GPU run asynchronously. Only meaningful when the batches go to a CUDA device; on a CPU-only
+   machine it has nothing to speed up (the sweep says so instead of measuring noise).
+5. **prefetch_factor**: batches each worker prepares ahead (``workers x prefetch_factor`` batches in flight).
+   Helps with bursty loading; costs host memory. Only valid with workers > 0.
+6. **persistent_workers**: keep the worker processes alive between epochs, so epoch 2 does not pay the start-up
+   (process spawn, dataset pickling, worker imports) again. Visible only from the second epoch: those rows run 2.
+
+Every measurement builds its loader through :func:`course_lib.data.make_loader`, so a bad combination (say,
+``prefetch_factor`` with ``num_workers=0``) is rejected with the same clear error the rest of the course gives.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any, Callable, Iterable, Sequence
+
+import psutil
+import torch
+from torch.utils.data import Dataset
+
+from course_lib.device import synchronize
+from course_lib.perf.memory import MB, host_rss_mb
+from course_lib.perf.timing import _first_tensor, to_device
+from course_lib.perf import timing as _timing
+
+CONFIG_KEYS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers", "epochs")
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (respects taskset/cgroup affinity where the OS reports it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def recommend_workers() -> int:
+    """A starting point for ``num_workers``: the usable cores, at most 8. A guess to measure from, not a rule.
+
+    Workers are separate processes; each takes a core while decoding. With more workers than cores they take
+    turns, and beyond about 8 the returns usually vanish while memory (each worker copies the dataset object)
+    keeps growing. :func:`loader_sweep` tells you the right number for *this* machine and dataset.
+    """
+    return max(1, min(usable_cores(), 8))
+
+
+def _make_loader(dataset: Dataset, **kwargs: Any) -> torch.utils.data.DataLoader:
+    from course_lib.data import make_loader  # imported here: data sits below perf, and is only needed when measuring
+
+    return make_loader(dataset, train=True, **kwargs)
+
+
+def _batch_size_of(batch: Any) -> int:
+    first = _first_tensor(batch)
+    return int(first.shape[0]) if first is not None and first.dim() > 0 else 1
+
+
+def measure_loader(
+    dataset: Dataset,
+    *,
+    n_batches: int,
+    batch_size: int,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    prefetch_factor: int | None = None,
+    persistent_workers: bool = False,
+    device: torch.device | str = "cpu",
+    epochs: int = 1,
+) -> dict[str, Any]:
+    """Iterate ``n_batches`` per epoch for ``epochs`` epochs and report how fast batches arrived on ``device``.
+
+    Returns the configuration plus:
+
+    * ``samples_per_s``: samples delivered to the device per second, start-up included (what training sees);
+    * ``first_batch_s``: seconds from ``iter(loader)`` to the first batch of the first epoch (worker start-up);
+    * ``epoch_first_batch_s``: the same for every epoch -- with ``persistent_workers`` the second is much smaller;
+    * ``total_s``, ``samples``, ``batches``;
+    * ``host_rss_mb``: this process's resident memory, and ``workers_rss_mb``: the workers' summed RSS, both read
+      while the workers were alive (each worker holds its own copy of the dataset object).
+
+    Batches are copied to ``device`` with ``non_blocking=pin_memory`` (an asynchronous copy needs pinned memory),
+    and the device is synchronised before the clock stops.
+    """
+    if not isinstance(n_batches, int) or n_batches < 1:
+        raise ValueError(f"n_batches={n_batches!r} must be an int >= 1.")
+    if not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs={epochs!r} must be an int >= 1.")
+    device = torch.device(device)
+    loader = _make_loader(
+        dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+        prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+    )
+    available = len(loader)
+    if n_batches > available:
+        raise ValueError(
+            f"n_batches={n_batches} but the dataset only gives {available} batches of {batch_size} per epoch; "
+            "lower n_batches or batch_size."
+        )
+    clock = _timing._clock
+    samples = batches = 0
+    epoch_first: list[float] = []
+    workers_rss = 0.0
+    rss = host_rss_mb()
+    synchronize(device)
+    t_start = clock()
+    for _ in range(epochs):
+        t0 = clock()
+        it = iter(loader)
+        for i in range(n_batches):
+            batch = next(it)
+            batch = to_device(batch, device, non_blocking=pin_memory)
+            if i == 0:
+                synchronize(device)
+                epoch_first.append(clock() - t0)
+                if not epoch_first[:-1]:  # first epoch: read memory while the workers are alive
+                    rss = host_rss_mb()
+                    kids = psutil.Process().children(recursive=True)
+                    workers_rss = sum(_safe_rss(k) for k in kids) / MB
+            samples += _batch_size_of(batch)
+            batches += 1
+        del it  # non-persistent workers shut down here; persistent ones wait for the next epoch
+    synchronize(device)
+    total = clock() - t_start
+    return {
+        "num_workers": num_workers, "batch_size": batch_size, "pin_memory": pin_memory,
+        "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "epochs": epochs,
+        "device": str(device), "n_batches": n_batches, "batches": batches, "samples": samples,
+        "total_s": total, "samples_per_s": samples / total if total > 0 else float("inf"),
+        "first_batch_s": epoch_first[0], "epoch_first_batch_s": epoch_first,
+        "host_rss_mb": rss, "workers_rss_mb": workers_rss,
+    }
+
+
+def _safe_rss(proc: psutil.Process) -> int:
+    try:
+        return proc.memory_info().rss
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0
+
+
+def _config(step: str, label: str, *, batch_size: int, num_workers: int = 0, pin_memory: bool = False,
+            prefetch_factor: int | None = None, persistent_workers: bool = False, epochs: int = 1,
+            note: str = "") -> dict[str, Any]:
+    return {
+        "step": step, "label": label, "num_workers": num_workers, "batch_size": batch_size,
+        "pin_memory": pin_memory, "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
+        "epochs": epochs, "note": note,
+    }
+
+
+def experiment_order(batch_size: int = 64, max_workers: int | None = None) -> list[dict[str, Any]]:
+    """The loader configurations to try, in the order the course recommends (see the module docstring).
+
+    ``max_workers`` defaults to the usable core count. Worker counts are 1, 2, 4, ... up to it (and it itself);
+    later steps keep ``min(2, max_workers)`` workers -- one change at a time, against a fixed reference -- except
+    that you would normally carry forward the best worker count you measured.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be an int >= 1.")
+    cap = usable_cores() if max_workers is None else max_workers
+    if not isinstance(cap, int) or cap < 0:
+        raise ValueError(f"max_workers={max_workers!r} must be None or an int >= 0.")
+    configs = [_config("baseline", "workers=0 (main process)", batch_size=batch_size)]
+    counts, w = [], 1
+    while w <= cap:
+        counts.append(w)
+        w *= 2
+    if cap >= 1 and counts[-1] != cap:
+        counts.append(cap)
+    configs += [_config("workers", f"workers={n}", batch_size=batch_size, num_workers=n) for n in counts]
+    ref = min(2, cap)
+    half = max(1, batch_size // 2)
+    for bs in sorted({half, batch_size * 2} - {batch_size}):
+        configs.append(_config("batch_size", f"batch={bs}, workers={ref}", batch_size=bs, num_workers=ref))
+    configs.append(_config(
+        "pin_memory", f"pinned, workers={ref}", batch_size=batch_size, num_workers=ref, pin_memory=True,
+        note="only meaningful when batches are copied to a CUDA GPU",
+    ))
+    if ref > 0:
+        configs.append(_config("prefetch_factor", f"prefetch=4, workers={ref}", batch_size=batch_size,
+                               num_workers=ref, prefetch_factor=4, note="default is 2 batches per worker"))
+        configs.append(_config("persistent_workers", f"2 epochs, workers={ref}, not persistent",
+                               batch_size=batch_size, num_workers=ref, epochs=2))
+        configs.append(_config("persistent_workers", f"2 epochs, workers={ref}, persistent", batch_size=batch_size,
+                               num_workers=ref, persistent_workers=True, epochs=2,
+                               note="look at the second epoch's first_batch_s"))
+    return configs
+
+
+def loader_sweep(
+    dataset: Dataset,
+    configs: Sequence[dict[str, Any]],
+    *,
+    n_batches: int,
+    device: torch.device | str = "cpu",
+    repeats: int = 1,
+    progress: bool = True,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Measure every configuration in order; one row per config (the median of ``repeats`` runs).
+
+    Each row is the config plus :func:`measure_loader`'s fields and ``speedup`` (samples/s relative to the first
+    row). ``on_row(row)`` is called as each row finishes, so a widget can plot the sweep live. Pinned-memory rows on
+    a non-CUDA device are not measured (``skipped`` says why, ``samples_per_s`` is ``None``).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1.")
+    device = torch.device(device)
+    for c in configs:
+        missing = [k for k in ("num_workers", "batch_size") if k not in c]
+        if missing:
+            raise ValueError(f"config {c!r} lacks {missing}; build configs with experiment_order().")
+    rows: list[dict[str, Any]] = []
+    iterator: Iterable[dict[str, Any]] = configs
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(configs, desc="loader sweep", unit="config")
+    base: float | None = None
+    for cfg in iterator:
+        row = dict(cfg)
+        if cfg.get("pin_memory") and device.type != "cuda":
+            row.update(samples_per_s=None, speedup=None,
+                       skipped=f"pin_memory only speeds up copies to a CUDA GPU; the batches go to {device.type}")
+        else:
+            kwargs = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
+            runs = [measure_loader(dataset, n_batches=n_batches, device=device, **kwargs) for _ in range(repeats)]
+            runs.sort(key=lambda r: r["samples_per_s"])
+            row.update(runs[len(runs) // 2])
+            row["repeats"] = repeats
+            base = base if base is not None else row["samples_per_s"]
+            row["speedup"] = row["samples_per_s"] / base
+            row["skipped"] = None
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def median_samples_per_s(rows: Sequence[dict[str, Any]]) -> float:
+    """Median samples/s over measured rows (helper for summaries)."""
+    values = [r["samples_per_s"] for r in rows if r.get("samples_per_s")]
+    return statistics.median(values) if values else float("nan")
+
+
+__all__ = ["measure_loader", "experiment_order", "loader_sweep", "recommend_workers", "usable_cores"]
