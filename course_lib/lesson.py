@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from torch.utils.data import Dataset
+
 from course_lib import mode
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "recap",
     "recap_markdown",
     "exercise_id",
+    "CountingDataset",
 ]
 
 
@@ -277,20 +280,55 @@ def exercise_id(exercise: str) -> str:
     return match.group(1)
 
 
-def recap_markdown(points: Sequence[str], exercise: str | Sequence[str] = "exercises/05_lr_schedule.ipynb") -> str:
-    """Markdown for the end-of-lesson recap: the points, then the exercise(s) and how to check them."""
+def recap_markdown(
+    points: Sequence[str], exercise: str | Sequence[str] | None = "exercises/05_lr_schedule.ipynb"
+) -> str:
+    """Markdown for the end-of-lesson recap: the points, then the exercise(s) and how to check them.
+
+    ``exercise=None`` (a lesson without an exercise) leaves the "Practise it" part out.
+    """
     points = [p for p in points if p and p.strip()]
     if not points:
         raise ValueError("recap() needs at least one non-empty point.")
+    lines = ["### Recap", ""] + [f"- {p.strip()}" for p in points]
+    if exercise is None:
+        return "\n".join(lines)
     exercises = [exercise] if isinstance(exercise, str) else list(exercise)
     if not exercises:
-        raise ValueError("recap() needs at least one exercise path.")
-    lines = ["### Recap", ""] + [f"- {p.strip()}" for p in points] + ["", "**Practise it:**", ""]
+        raise ValueError("recap() needs at least one exercise path (or exercise=None for none).")
+    lines += ["", "**Practise it:**", ""]
     for ex in exercises:
         lines.append(f"- open `{ex}`, then check it with `python -m course_lib check {exercise_id(ex)}`")
     return "\n".join(lines)
 
 
-def recap(points: Sequence[str], exercise: str | Sequence[str] = "exercises/05_lr_schedule.ipynb") -> None:
+def recap(
+    points: Sequence[str], exercise: str | Sequence[str] | None = "exercises/05_lr_schedule.ipynb"
+) -> None:
     """Display the recap and the pointer to the exercise(s) (see :func:`recap_markdown`)."""
     say(recap_markdown(points, exercise))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Demonstration objects (module scope, so DataLoader workers can unpickle them under ``spawn``)
+# --------------------------------------------------------------------------------------------------------
+class CountingDataset(Dataset):
+    """Wrap ``dataset`` and count ``__getitem__`` calls in ``self.calls``: the worker-local state demonstration.
+
+    With ``num_workers=0`` the count grows in the notebook's process. With worker processes each worker
+    increments *its own copy* of the object (it was pickled or forked into the worker), so ``self.calls`` in the
+    notebook stays 0: per-worker counters, logs and caches are never aggregated back for you.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self.calls = 0
+        # Keep the wrapped dataset's (index, aug_seed) protocol visible to make_loader.
+        self.accepts_aug_seed = bool(getattr(dataset, "accepts_aug_seed", False))
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: Any) -> Any:
+        self.calls += 1
+        return self.dataset[key]

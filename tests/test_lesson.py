@@ -97,6 +97,7 @@ def test_gpu_note_and_recap_markdown() -> None:
     assert "check 01" in several and "check 09" in several
     with pytest.raises(ValueError):
         lesson.recap_markdown([], exercise="exercises/02_bottleneck.ipynb")
+    assert "Practise" not in lesson.recap_markdown(["p"], exercise=None)
     with pytest.raises(ValueError, match="NN_name"):
         lesson.exercise_id("exercises/bottleneck.ipynb")
 
@@ -108,3 +109,15 @@ def test_display_helpers_run_outside_a_notebook(capsys: pytest.CaptureFixture[st
     lesson.recap(["x"], exercise="exercises/13_modules.ipynb")
     out = capsys.readouterr().out
     assert out  # each helper displayed something
+
+
+def test_counting_dataset_counts_only_in_its_own_process() -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    ds = lesson.CountingDataset(TensorDataset(torch.arange(8.0)))
+    assert len(ds) == 8
+    list(DataLoader(ds, batch_size=4, num_workers=0))
+    assert ds.calls == 8  # main process: counted here
+    list(DataLoader(ds, batch_size=4, num_workers=1))
+    assert ds.calls == 8  # the worker counted in its own copy; nothing came back
