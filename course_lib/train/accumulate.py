@@ -1,0 +1,154 @@
+"""Gradient accumulation that gives exactly the gradient of one big batch.
+
+Gradients *add up* across ``backward()`` calls until ``zero_grad``. To train with an effective batch of
+``accum`` micro-batches, run forward/backward on each and step once. The only subtle part is the scaling:
+
+* The big-batch loss is ``sum of per-target losses / number of targets``.
+* So each micro-batch must contribute ``its loss SUM / the group's TOTAL count``, not its own mean divided by
+  ``accum``. The popular ``loss / accumulation_steps`` is wrong whenever micro-batches hold different numbers of
+  targets: the incomplete last group of an epoch (133 samples in micro-batches of 12 with 4 per group: groups of
+  48, 48 and 37 samples) or text batches with different numbers of real (non-padding) tokens.
+
+That is why a group's micro-batches are fetched *first*, their targets counted, and only then run.
+Targets equal to ``-100`` (padding) are ignored in the loss and in every count.
+
+Two more rules: ``zero_grad(set_to_none=True)`` only at group boundaries (never between micro-batches), and with
+fp16 one GradScaler scale for the whole group: ``scale(loss).backward()`` per micro-batch, then a single
+``unscale_ -> clip -> step -> update`` at the boundary. BatchNorm still normalises each micro-batch on its own,
+so with BatchNorm accumulation is close to, not identical to, one big batch.
+
+Under DDP (``world_size > 1``) each rank holds different micro-batches: the group count is summed over ranks
+(so every rank divides by the global count), and the loss is multiplied by ``world_size`` because DDP *averages*
+the gradients across ranks. Only the group's last backward needs the all-reduce (``no_sync_if``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.device import autocast
+from course_lib.distributed import all_reduce_sum, no_sync_if
+
+IGNORE_INDEX = -100
+Batch = Sequence[torch.Tensor]
+
+
+def move_batch(batch: Batch, device: torch.device | str) -> tuple[torch.Tensor, ...]:
+    """Move every tensor of ``(x, y)`` / ``(x, y, lengths)`` to ``device`` (asynchronously from pinned memory)."""
+    return tuple(t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t for t in batch)
+
+
+def count_targets(batch: Batch) -> torch.Tensor:
+    """Number of targets in ``batch`` that are not ``-100``, as a 0-d tensor on the targets' device (no sync)."""
+    return (batch[1] != IGNORE_INDEX).sum()
+
+
+def loss_and_count(model: nn.Module, batch: Batch, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum of per-target cross-entropy, number of targets != -100)`` for one batch.
+
+    Works for images (logits ``[B, K]``, targets ``[B]``) and text (logits ``[B, T, V]``, targets ``[B, T]``,
+    flattened to ``[B*T, V]`` / ``[B*T]``). The sum is in fp32 even under autocast. Both values stay on the device,
+    so nothing waits for the GPU here.
+    """
+    x, y = move_batch(batch[:2], device)
+    logits = model(x)
+    if logits.dim() == 3:  # language model: one prediction per position
+        logits, y = logits.flatten(0, 1), y.flatten()
+    loss_sum = F.cross_entropy(logits.float(), y, ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss_sum, (y != IGNORE_INDEX).sum()
+
+
+def accumulation_groups(n_batches: int, accum: int) -> list[int]:
+    """How ``n_batches`` micro-batches split into optimizer steps of ``accum``: ``(10, 4) -> [4, 4, 2]``."""
+    if not isinstance(n_batches, int) or n_batches < 0:
+        raise ValueError(f"n_batches={n_batches!r} must be an integer >= 0.")
+    if not isinstance(accum, int) or accum < 1:
+        raise ValueError(f"accum={accum!r} must be an integer >= 1.")
+    full, rest = divmod(n_batches, accum)
+    return [accum] * full + ([rest] if rest else [])
+
+
+def backward_group(
+    model: nn.Module,
+    micro_batches: Sequence[Batch],
+    device: torch.device | str,
+    *,
+    amp_dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    world_size: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward + backward every micro-batch of one optimizer step; gradients end up as for one big batch.
+
+    Does not step and does not zero the gradients (the caller does both at the group boundary).
+    Returns ``(loss sum over this rank's micro-batches (detached), group target count over all ranks)``.
+    """
+    device = torch.device(device)
+    # 1. Count first: every micro-batch is divided by the count of the WHOLE group.
+    total = torch.stack([count_targets(b).to(device) for b in micro_batches]).sum()
+    if world_size > 1:
+        total = all_reduce_sum(total)  # every rank divides by the global count
+    denominator = total.clamp_min(1).float() / world_size  # x world_size because DDP averages gradients
+    loss_sum = torch.zeros((), device=device)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        # 2. Only the last backward of the group all-reduces gradients (no-op without DDP).
+        sync = no_sync_if(model, not last) if world_size > 1 else contextlib.nullcontext()
+        with sync:
+            with autocast(device, amp_dtype):
+                batch_loss, _ = loss_and_count(model, batch, device)
+            loss = batch_loss / denominator
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        loss_sum += batch_loss.detach()
+    return loss_sum, total
+
+
+def train_accumulated(
+    model: nn.Module,
+    loader: Iterable[Batch],
+    optimizer: torch.optim.Optimizer,
+    device: torch.device | str,
+    microbatches: int = 4,
+) -> dict[str, Any]:
+    """One epoch over ``loader`` with ``microbatches`` micro-batches per optimizer step (single device, fp32).
+
+    Every group, including an incomplete last one, is averaged by its actual number of samples, so each step
+    uses the gradient of the mean loss over exactly the samples it saw.
+
+    Returns ``{"loss": mean training loss over the epoch, "steps": optimizer steps, "group_sizes": samples per
+    step}`` (133 samples in micro-batches of 12, ``microbatches=4`` -> ``group_sizes == [48, 48, 37]``).
+    """
+    if not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"microbatches={microbatches!r} must be an integer >= 1.")
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    total_loss = torch.zeros((), device=device)
+    total_count = torch.zeros((), device=device, dtype=torch.long)
+    group_sizes: list[torch.Tensor] = []
+    iterator = iter(loader)
+    while True:
+        group = []
+        for batch in iterator:  # take up to `microbatches` batches; the last group may be shorter
+            group.append(batch)
+            if len(group) == microbatches:
+                break
+        if not group:
+            break
+        loss_sum, count = backward_group(model, group, device)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # clear only at the group boundary
+        total_loss += loss_sum
+        total_count += count
+        group_sizes.append(count)
+        if len(group) < microbatches:
+            break
+    n = int(total_count)
+    return {
+        "loss": float(total_loss) / max(n, 1),
+        "steps": len(group_sizes),
+        "group_sizes": [int(c) for c in group_sizes],
+    }

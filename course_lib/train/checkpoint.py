@@ -1,0 +1,265 @@
+"""Checkpoints that continue the *same* trajectory, written so that a crash can never destroy the last good one.
+
+What a run needs to continue exactly where it stopped:
+
+* model weights, optimizer state (AdamW's moments), GradScaler state (fp16's current scale), the step number
+  (the learning rate is computed from it);
+* every random number generator the run draws from: torch CPU (dropout), CUDA, numpy and Python's ``random``;
+* where the data order was: epoch and samples consumed (the sampler's order is a function of seed and epoch);
+* the resolved configuration, to refuse resuming a *different* experiment, and the metrics history so far.
+
+Atomic save: the file is written under a temporary name in the same directory, flushed and ``fsync``-ed to disk,
+then renamed over the old checkpoint with ``os.replace`` (atomic on POSIX and Windows), and the directory is
+``fsync``-ed so the rename itself survives a power cut. Killed at any moment, the directory holds either the old
+complete checkpoint or the new complete one, never half a file.
+
+Loading uses ``torch.load(weights_only=True)``: a checkpoint holds only tensors and plain Python values, so the
+restricted unpickler (which cannot run arbitrary code from a downloaded file) suffices. Everything is checked
+before anything is modified: a failed load leaves the model, optimizer and files as they were.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from course_lib.distributed import unwrap
+
+FORMAT_VERSION = 1
+REQUIRED_KEYS = ("format", "model", "step", "config")
+# Fields that define the experiment: resuming with a different value would not continue the same run.
+# ``steps`` may grow (train longer), other fields (eval_every, workers, device, out, compile...) may change freely.
+TRAJECTORY_FIELDS = ("model", "dataset", "bs", "accum", "seed", "lr", "wd", "warmup", "clip", "amp_dtype")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used: missing, unreadable, truncated, or from a different experiment."""
+
+
+# ------------------------------------------------------------------------------------------------- RNG states
+def rng_state() -> dict[str, Any]:
+    """Snapshot of every global RNG, as tensors and plain values (loadable with ``weights_only=True``)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured (CUDA only when it was saved and a GPU is present)."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------------------------------------------ save
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename durable (POSIX); directories cannot be opened for fsync on Windows, where it is skipped."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> Path:
+    """``torch.save(obj, path)`` that either fully replaces ``path`` or leaves it untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
+def save_checkpoint(
+    path: str | Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    step: int = 0,
+    config: Any = None,
+    history: Sequence[dict[str, Any]] = (),
+    data_state: dict[str, Any] | None = None,
+    rng: dict[str, Any] | None = None,
+) -> Path:
+    """Write everything needed to continue training to ``path``, atomically. Returns the path.
+
+    ``config`` is a :class:`TrainConfig` (its resolved values are stored) or a plain dict. ``rng`` defaults to a
+    snapshot taken now. Call it on one process only (rank 0) under DDP.
+    """
+    if config is not None and not isinstance(config, dict):
+        config = config.to_dict()
+    payload = {
+        "format": FORMAT_VERSION,
+        "model": {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()},
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "step": int(step),
+        "config": dict(config) if config is not None else None,
+        "rng": rng if rng is not None else rng_state(),
+        "data": dict(data_state) if data_state is not None else None,
+        "history": [dict(h) for h in history],
+    }
+    return atomic_torch_save(payload, path)
+
+
+# ------------------------------------------------------------------------------------------------------ load
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load and sanity-check a checkpoint file without applying it. Raises :class:`CheckpointError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}: the file does not exist (start without resume first).")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated zip, garbage bytes, foreign pickle...
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "it is truncated or corrupted. Delete it to start over, or restore a backup."
+        ) from exc
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(payload).__name__}, not a checkpoint dict.")
+    missing = [k for k in REQUIRED_KEYS if k not in payload]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is missing {missing}; it was not written by save_checkpoint.")
+    if payload["format"] != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format {payload['format']!r}; this code reads format {FORMAT_VERSION}.")
+    if not isinstance(payload["step"], int) or payload["step"] < 0:
+        raise CheckpointError(f"checkpoint {path} has an invalid step {payload['step']!r}.")
+    return payload
+
+
+def check_compatible(saved: dict[str, Any] | None, current: Any, path: str | Path, step: int = 0) -> None:
+    """Refuse to continue a different experiment: every trajectory field must match; ``steps`` may only grow.
+
+    ``saved`` is the checkpoint's config dict, ``current`` a :class:`TrainConfig` or dict, ``step`` the
+    checkpoint's step. Raises :class:`CheckpointError` listing each differing field with both values.
+    """
+    if saved is None or current is None:
+        return
+    current = current if isinstance(current, dict) else current.to_dict()
+    problems = [
+        f"{name}: checkpoint has {saved[name]!r}, current config has {current[name]!r}"
+        for name in TRAJECTORY_FIELDS
+        if name in saved and name in current and saved[name] != current[name]
+    ]
+    if "steps" in current and current["steps"] < max(step, saved.get("steps", 0)):
+        problems.append(f"steps: checkpoint has {saved.get('steps')!r} (at step {step}), current config has "
+                        f"{current['steps']!r} (steps may only grow)")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {path} belongs to a different run; " + "; ".join(problems)
+            + ". Resume with the same values (only steps may grow), or use a new --out directory."
+        )
+
+
+def _check_model_state(state: dict[str, torch.Tensor], model: nn.Module, path: Path) -> None:
+    expected = unwrap(model).state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in expected
+        if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
+    ]
+    if missing or unexpected or wrong:
+        details = []
+        if missing:
+            details.append(f"missing {missing[:5]}")
+        if unexpected:
+            details.append(f"unexpected {unexpected[:5]}")
+        if wrong:
+            details.append(f"shape mismatch {wrong[:5]}")
+        raise CheckpointError(f"checkpoint {path} does not fit this model: " + "; ".join(details) + ".")
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    config: Any = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Read ``path``, check it against ``config`` and ``model``, then restore into the objects given.
+
+    Returns the checkpoint dict (``step``, ``history``, ``data``, ``config``...). Raises :class:`CheckpointError`
+    for a missing/corrupted file, a config from a different experiment (naming each differing field with both
+    values) or weights that do not fit the model; in every such case nothing has been modified.
+    """
+    path = Path(path)
+    payload = read_checkpoint(path)
+    # 1. Check everything first...
+    check_compatible(payload["config"], config, path, step=payload["step"])
+    if model is not None:
+        _check_model_state(payload["model"], model, path)
+    if optimizer is not None and payload.get("optimizer") is not None:
+        saved_groups = payload["optimizer"]["param_groups"]
+        if len(saved_groups) != len(optimizer.param_groups) or any(
+            len(s["params"]) != len(g["params"]) for s, g in zip(saved_groups, optimizer.param_groups)
+        ):
+            raise CheckpointError(f"checkpoint {path}: the optimizer state has different parameter groups than this optimizer.")
+    # 2. ...then apply.
+    if model is not None:
+        unwrap(model).load_state_dict(payload["model"])
+    if optimizer is not None and payload.get("optimizer") is not None:
+        optimizer.load_state_dict(payload["optimizer"])
+    if scaler is not None and payload.get("scaler") is not None:
+        scaler.load_state_dict(payload["scaler"])
+    if restore_rng and payload.get("rng") is not None:
+        set_rng_state(payload["rng"])
+    payload.setdefault("history", [])
+    return payload
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Replace a small text file atomically (same temp-file + fsync + rename recipe as the checkpoint)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(path.parent)
+    return path

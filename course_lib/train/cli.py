@@ -1,0 +1,123 @@
+"""``python -m course_lib.train [--option value ...]``: the template from the command line.
+
+Every :class:`TrainConfig` field is an option, generated from the dataclass (``eval_every`` -> ``--eval-every``;
+booleans as ``--compile`` / ``--no-compile``), so adding a field to the config adds its option here for free.
+With no argument it trains the small CNN on the offline "shapes" data.
+
+``--resume`` continues the run stored in ``--out``: the configuration comes from its checkpoint, and only the
+options you pass explicitly override it (e.g. ``--steps 1200`` to train longer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Sequence
+
+from course_lib.train.checkpoint import CheckpointError, read_checkpoint
+from course_lib.train.config import ConfigError, TrainConfig
+from course_lib.train.loop import CHECKPOINT_FILE, METRICS_FILE
+
+_HELP = {
+    "lr": "peak learning rate",
+    "wd": "AdamW weight decay (matrices only)",
+    "warmup": "linear warm-up steps (default: 5%% of steps)",
+    "steps": "optimizer steps (default depends on COURSE_MODE)",
+    "bs": "micro-batch size",
+    "accum": "micro-batches per optimizer step",
+    "clip": "max gradient norm; 0 or 'none' disables clipping",
+    "amp_dtype": "autocast precision: auto, bf16, fp16 (CUDA), fp32",
+    "eval_every": "evaluate + checkpoint every N steps (default: steps/4)",
+    "log_every": "log a train line every N steps (default: steps/20)",
+    "seed": "random seed (weights, data order, augmentation, dropout)",
+    "device": "auto, cpu, cuda, cuda:N or mps",
+    "dataset": "shapes (offline), cifar10 or text",
+    "model": "cnn, net (images) or gpt (text)",
+    "workers": "DataLoader worker processes",
+    "compile": "torch.compile the model",
+    "out": "run directory (metrics.jsonl, ckpt.pt)",
+}
+
+
+def _optional_float(text: str) -> float | None:
+    return None if text.strip().lower() in ("none", "off") else float(text)
+
+
+def _parser_type(field: dataclasses.Field) -> Any:
+    """The argparse ``type`` for a dataclass field (``int | None`` -> int, ``float | None`` -> float or 'none')."""
+    hints = typing.get_type_hints(TrainConfig)
+    hint = hints[field.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if args else hint
+    if base is float and type(None) in typing.get_args(hint):
+        return _optional_float
+    return base
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.train",
+        description="Train with the resumable template. Every TrainConfig field is an option.",
+    )
+    for field in dataclasses.fields(TrainConfig):
+        flag = "--" + field.name.replace("_", "-")
+        kind = _parser_type(field)
+        # default=None = "not given": the dataclass default (or the checkpoint's value on --resume) applies.
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=_HELP.get(field.name))
+        else:
+            parser.add_argument(flag, type=kind, default=None, metavar=field.name.upper(), help=_HELP.get(field.name))
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The config for these arguments; on ``--resume`` the checkpoint's config with explicit overrides."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if getattr(args, f.name) is not None}
+    if "clip" in given and given["clip"] == 0:
+        given["clip"] = 0.0
+    if args.resume:
+        out = Path(given.get("out", TrainConfig.__dataclass_fields__["out"].default))
+        ckpt = out / CHECKPOINT_FILE
+        if not ckpt.is_file():
+            raise CheckpointError(
+                f"--resume: there is no checkpoint at {ckpt}; start the run without --resume first "
+                "(or point --out at the run directory)."
+            )
+        saved = read_checkpoint(ckpt)["config"] or {}
+        saved = {k: v for k, v in saved.items() if k in TrainConfig.__dataclass_fields__}
+        saved.pop("device", None)  # the checkpoint stores the resolved device; pick again on this machine
+        return TrainConfig(**{**saved, **given})
+    return TrainConfig(**given)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # --help (0) or a malformed option (2)
+        return int(exc.code or 0)
+    try:
+        cfg = config_from_args(args)
+    except (ConfigError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("config: " + json.dumps(cfg.resolved().to_dict()), flush=True)
+    from course_lib.train.run import run  # imported late: --help and config errors stay fast
+
+    try:
+        history = run(cfg, resume=args.resume)
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(cfg.out)
+    last_eval = next((r for r in reversed(history) if "val_loss" in r), None)
+    if last_eval is not None:
+        print(f"final: step {last_eval['step']}  val_loss {last_eval['val_loss']:.4f}  val_acc {last_eval['val_acc']:.3f}")
+    print(f"metrics:    {out / METRICS_FILE}")
+    print(f"checkpoint: {out / CHECKPOINT_FILE}")
+    return 0

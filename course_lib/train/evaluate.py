@@ -1,0 +1,60 @@
+"""Evaluation: sums over the whole validation set, divided once at the end.
+
+Averaging per-batch *means* is wrong when batches differ in size (the last one usually does, and text batches
+differ in their number of real tokens): a batch of 3 would weigh as much as a batch of 64. Summing per-target
+losses and correct predictions, then dividing by the total count, gives the true mean, whatever the batch size.
+
+``torch.inference_mode()`` turns off autograd bookkeeping entirely (cheaper than ``no_grad``), and ``model.eval()``
+switches dropout off and BatchNorm to its running statistics. The model's previous mode is restored afterwards,
+so calling ``evaluate`` in the middle of training is safe.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from course_lib.device import autocast
+from course_lib.train.accumulate import IGNORE_INDEX, move_batch
+import torch.nn.functional as F
+
+
+def evaluate(
+    model: nn.Module,
+    loader: Iterable[Sequence[torch.Tensor]],
+    device: torch.device | str,
+    amp_dtype: torch.dtype | None = None,
+) -> dict[str, float]:
+    """``{"loss": mean cross-entropy, "acc": fraction correct}`` over every target != -100 in ``loader``.
+
+    Works for image batches (logits ``[B, K]``) and text batches (logits ``[B, T, V]``). Reads the device once,
+    at the end (two ``.item()`` calls in total, not two per batch).
+    """
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    # float64 sums lose nothing over many batches; MPS has no float64, float32 is fine there.
+    acc_dtype = torch.float32 if device.type == "mps" else torch.float64
+    loss_sum = torch.zeros((), device=device, dtype=acc_dtype)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    count = torch.zeros((), device=device, dtype=torch.long)
+    try:
+        with torch.inference_mode():
+            for batch in loader:
+                x, y = move_batch(batch[:2], device)
+                with autocast(device, amp_dtype):
+                    logits = model(x)
+                if logits.dim() == 3:
+                    logits, y = logits.flatten(0, 1), y.flatten()
+                keep = y != IGNORE_INDEX
+                loss_sum += F.cross_entropy(logits.float(), y, ignore_index=IGNORE_INDEX, reduction="sum").to(acc_dtype)
+                correct += ((logits.argmax(-1) == y) & keep).sum()
+                count += keep.sum()
+    finally:
+        model.train(was_training)
+    n = int(count)
+    if n == 0:
+        raise ValueError("evaluate: the loader produced no targets (empty loader, or every target is -100).")
+    return {"loss": float(loss_sum) / n, "acc": int(correct) / n}
