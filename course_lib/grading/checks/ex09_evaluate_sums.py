@@ -1,0 +1,145 @@
+"""Checks for exercise 09: evaluation that accumulates sums, not batch means.
+
+The learner defines ``evaluate(model, loader, device) -> {"loss": float, "acc": float}``. The checks use
+data sizes the notebook does not show (23 samples in batches of 10, so the last batch has 3), targets equal
+to ``-100`` that must be ignored, and a model with dropout that records the conditions it was called under.
+The expected values are the loss and accuracy of the whole set computed in one pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from course_lib.grading.api import CheckFailed, check_for, need
+
+IGNORE = -100
+
+
+class _Recorder(nn.Module):
+    """A small classifier with dropout that notes, on each call, whether autograd and training mode were on."""
+
+    def __init__(self, d_in: int = 5, n_classes: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.lin = nn.Linear(d_in, n_classes)
+        self.drop = nn.Dropout(0.5)
+        self.calls: list[tuple[bool, bool]] = []  # (grad enabled, training)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append((torch.is_grad_enabled(), self.training))
+        return self.lin(self.drop(x))
+
+
+def _data(n: int = 23, ignored: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(n, 5, generator=g)
+    y = torch.randint(0, 4, (n,), generator=g)
+    if ignored:
+        y[torch.randperm(n, generator=g)[:ignored]] = IGNORE
+    return x, y
+
+
+def _truth(model: _Recorder, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Loss and accuracy over every counted sample at once (what eval mode computes: dropout is the identity)."""
+    with torch.no_grad():
+        logits = model.lin(x)
+    keep = y != IGNORE
+    loss = F.cross_entropy(logits[keep], y[keep], reduction="sum").item() / int(keep.sum())
+    acc = (logits[keep].argmax(-1) == y[keep]).float().mean().item()
+    return {"loss": loss, "acc": acc}
+
+
+def _mean_of_batch_means(model: _Recorder, x: torch.Tensor, y: torch.Tensor, batch: int) -> float:
+    with torch.no_grad():
+        means = [F.cross_entropy(model.lin(x[i : i + batch]), y[i : i + batch]).item() for i in range(0, len(x), batch)]
+    return sum(means) / len(means)
+
+
+def _evaluate(ns: dict[str, Any], model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) -> dict[str, float]:
+    evaluate = need(ns, "evaluate", "define `evaluate(model, loader, device)` returning {'loss': ..., 'acc': ...}")
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=False)
+    result = evaluate(model, loader, torch.device("cpu"))
+    if not isinstance(result, dict) or not {"loss", "acc"} <= set(result):
+        raise CheckFailed(
+            "evaluate should return a dict with 'loss' and 'acc'",
+            expected="{'loss': float, 'acc': float}",
+            got=result,
+        )
+    return {"loss": float(result["loss"]), "acc": float(result["acc"])}
+
+
+def _close(a: dict[str, float], b: dict[str, float]) -> bool:
+    return abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["acc"] - b["acc"]) < 1e-6
+
+
+@check_for("09", "uneven last batch: sums, not batch means", points=2)
+def uneven_last_batch(ns: dict[str, Any]) -> None:
+    model = _Recorder()
+    x, y = _data(23)
+    got = _evaluate(ns, model, x, y, batch=10)
+    expected = _truth(model, x, y)
+    if not _close(got, expected):
+        biased = _mean_of_batch_means(model, x, y, 10)
+        hint = (
+            "that is the mean of the three batch means: the last batch (3 samples) weighs as much as a full one. "
+            "Add cross_entropy(..., reduction='sum') and the number of correct predictions, divide once at the end"
+            if abs(got["loss"] - biased) < 1e-5
+            else "accumulate the summed loss, the correct count and the sample count over all batches; divide at the end"
+        )
+        raise CheckFailed(
+            "evaluate over 23 samples in batches of 10/10/3 does not match the loss and accuracy of the whole set",
+            hint=hint,
+            expected=expected,
+            got=got,
+        )
+
+
+@check_for("09", "batch-size invariant, ignores -100", points=1)
+def invariant_and_ignored(ns: dict[str, Any]) -> None:
+    model = _Recorder()
+    x, y = _data(17, ignored=5)
+    expected = _truth(model, x, y)
+    for batch in (1, 4, 17):
+        got = _evaluate(ns, model, x, y, batch=batch)
+        if not _close(got, expected):
+            raise CheckFailed(
+                f"with 5 of 17 targets equal to -100 (padding) and batch_size={batch}, the result is not the average "
+                "over the 12 real targets",
+                hint="count only targets != -100 (for the loss, the number of correct predictions and the count); "
+                "cross_entropy ignores -100 by default, your counts must too",
+                expected=expected,
+                got=got,
+            )
+
+
+@check_for("09", "eval mode + inference_mode, mode restored", points=1)
+def modes(ns: dict[str, Any]) -> None:
+    x, y = _data(9)
+    for start_training in (True, False):
+        model = _Recorder()
+        model.train(start_training)
+        _evaluate(ns, model, x, y, batch=4)
+        if not model.calls:
+            raise CheckFailed("evaluate never called the model")
+        if any(grad for grad, _ in model.calls):
+            raise CheckFailed(
+                "the model ran with autograd on: evaluation stores activations for a backward that never comes",
+                hint="decorate evaluate with @torch.inference_mode() (or use it as a `with` block)",
+            )
+        if any(training for _, training in model.calls):
+            raise CheckFailed(
+                "the model ran in training mode: dropout was active during evaluation",
+                hint="call model.eval() before the loop",
+            )
+        if model.training != start_training:
+            raise CheckFailed(
+                "evaluate should leave the model in the mode it found it in",
+                hint="remember `was_training = model.training` and call model.train(was_training) at the end",
+                expected="training" if start_training else "eval",
+                got="training" if model.training else "eval",
+            )
