@@ -117,7 +117,7 @@ def warm_compile(model: torch.nn.Module, example: Any) -> tuple[torch.nn.Module,
         with torch.no_grad():
             model(*example) if isinstance(example, tuple) else model(example)
     except Exception as exc:  # noqa: BLE001 - compile errors come in many types (BackendCompilerFailed, OSError...)
-        reason = f"compilation failed at the first call: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        reason = f"compilation failed at the first call: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         print(f"torch.compile fell back to eager: {reason}")
         return _eager_of(model), reason, time.perf_counter() - t0
     return model, None, time.perf_counter() - t0
@@ -170,7 +170,7 @@ def measure_compile(
     try:
         cold = timed(compiled, opt_c)
     except Exception as exc:  # noqa: BLE001
-        reason = f"compilation failed at the first step: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        reason = f"compilation failed at the first step: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         print(f"torch.compile fell back to eager: {reason}")
         compiled = twin
         cold = timed(compiled, opt_c)

@@ -1,0 +1,546 @@
+"""The benchmark table: ``python -m course_lib bench [--quick] [--out benchmarks/results]``.
+
+Every figure is measured in one run, on this machine, with the contenders **interleaved** (A, B, C, A, B, C, ...)
+so that background load hits them equally, repeated, and summarised by the median. Results are reported as
+**ratios** of runs made side by side -- absolute times on a shared laptop mean little; ratios travel.
+
+Sections:
+
+(a) ``course_lib.train.train()`` vs a minimal hand-written loop doing the same work (same model and initial
+    weights, AdamW parameter groups, per-step learning rate, gradient clipping, same batches) vs PyTorch Lightning
+    doing the same work, made fair (no logger, checkpointing, progress bar or model summary). Step time is the
+    steady-state period between consecutive batch requests, so set-up and the final evaluation are excluded for
+    all three alike. Goals: train() <= 1.05x the minimal loop, <= 0.7x Lightning.
+(b) A tuned DataLoader (worker processes) vs ``num_workers=0`` on the generated JPEG "shapes" data (goal >= 1.7x
+    on 2 cores); and in-memory batching on the device (``DeviceBatcher``) vs ``DataLoader(TensorDataset)``.
+(c) Eager vs ``torch.compile`` steady-state training step (and the cold compile in seconds); fp32 vs bf16 autocast.
+(d) On a CUDA GPU only: a tiny GPT's tokens/s and model FLOPs utilisation (MFU).
+
+Writes ``latest.json`` (everything, machine description included) and ``latest.md`` (the table) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from course_lib.device import pick_device, synchronize
+
+# Peak dense bf16 tensor-core throughput from vendor datasheets (FLOP/s), used only as MFU's denominator.
+# Matched by substring of torch.cuda.get_device_name(); anything else needs --peak-tflops.
+GPU_PEAK_BF16_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
+    "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12,
+}
+
+
+@dataclass
+class Sizes:
+    """How much work each section does (the --tiny/--quick/full presets)."""
+
+    steps: int  # training steps per contender per repetition
+    reps: int  # interleaved repetitions
+    d: int  # width of the MLP used in (a) and (c)
+    batch: int
+    loader_batches: int
+    compile_steps: int
+    compile_backend: str
+    gpt_steps: int
+
+
+PRESETS = {
+    "tiny": Sizes(steps=8, reps=1, d=64, batch=16, loader_batches=3, compile_steps=3, compile_backend="eager",
+                  gpt_steps=5),
+    "quick": Sizes(steps=40, reps=3, d=256, batch=64, loader_batches=12, compile_steps=15,
+                   compile_backend="inductor", gpt_steps=20),
+    "full": Sizes(steps=120, reps=5, d=256, batch=64, loader_batches=30, compile_steps=40,
+                  compile_backend="inductor", gpt_steps=50),
+}
+
+
+# ----------------------------------------------------------------------------------------------- machine
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    from course_lib.perf.loaders import usable_cores
+
+    info = {
+        "cpu": cpu, "cores": usable_cores(), "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "device": str(pick_device("auto")),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    return info
+
+
+# ------------------------------------------------------------------------------------ (a) training loops
+class TimedBatches:
+    """An endless iterable over fixed batches that stamps the time of every batch request.
+
+    The steady-state step time of *any* training loop is the median gap between consecutive requests: set-up
+    before the first batch and evaluation after the last are excluded, whoever runs the loop.
+    """
+
+    def __init__(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], limit: int) -> None:
+        self.batches, self.limit = list(batches), limit
+        self.stamps: list[float] = []
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i in range(self.limit):
+            self.stamps.append(time.perf_counter())
+            yield self.batches[i % len(self.batches)]
+
+    def step_s(self) -> float:
+        gaps = [b - a for a, b in zip(self.stamps[1:], self.stamps[2:])]  # skip the first (warm-up) step
+        return statistics.median(gaps) if gaps else float("nan")
+
+
+def _mlp_and_data(sizes: Sizes, seed: int = 0) -> tuple[torch.nn.Module, list, list]:
+    from course_lib.models import Net
+
+    torch.manual_seed(seed)
+    model = Net(d_in=32, d=sizes.d, n_blocks=4, n_out=10)
+    g = torch.Generator().manual_seed(seed)
+    batches = [(torch.randn(sizes.batch, 32, generator=g), torch.randint(0, 10, (sizes.batch,), generator=g))
+               for _ in range(8)]
+    return model, batches, batches[:1]
+
+
+def _cfg(sizes: Sizes) -> Any:
+    from course_lib.train import TrainConfig
+
+    return TrainConfig(steps=sizes.steps, bs=sizes.batch, lr=1e-3, wd=0.05, clip=1.0, amp_dtype="fp32",
+                       device="cpu", model="net", log_every=sizes.steps, eval_every=sizes.steps)
+
+
+def run_course_train(model: torch.nn.Module, batches: list, val: list, sizes: Sizes) -> float:
+    from course_lib.train import train
+
+    timed = TimedBatches(batches, limit=sizes.steps + 1)
+    import io
+    import contextlib
+
+    with contextlib.redirect_stderr(io.StringIO()):  # the progress bar is part of the work, not of the report
+        train(model, timed, val, _cfg(sizes), device="cpu", ckpt_path=None)
+    return timed.step_s()
+
+
+def run_minimal_loop(model: torch.nn.Module, batches: list, val: list, sizes: Sizes) -> float:
+    """The same work written out by hand: AdamW groups, lr per step, clipping, an evaluation at the end."""
+    from course_lib.train import lr_at, param_groups
+    from course_lib.train.optim import BETAS
+
+    cfg = _cfg(sizes)
+    groups = [{k: v for k, v in g.items() if k != "names"} for g in param_groups(model, cfg.wd)]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=BETAS)
+    timed = TimedBatches(batches, limit=sizes.steps + 1)
+    model.train()
+    it = iter(timed)
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        x, y = next(it)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    next(it, None)
+    model.eval()
+    with torch.no_grad():
+        for x, y in val:
+            F.cross_entropy(model(x), y).item()
+    return timed.step_s()
+
+
+def _lightning_module(model: torch.nn.Module, cfg: Any) -> Any:
+    import lightning as L
+
+    from course_lib.train import lr_at, param_groups
+    from course_lib.train.optim import BETAS
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            groups = [{k: v for k, v in g.items() if k != "names"} for g in param_groups(self.net, cfg.wd)]
+            opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=BETAS)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step, cfg) / cfg.lr)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    return Module()
+
+
+def run_lightning(model: torch.nn.Module, batches: list, val: list, sizes: Sizes) -> float:
+    import logging
+
+    import lightning as L
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    cfg = _cfg(sizes)
+    timed = TimedBatches(batches, limit=sizes.steps + 2)
+    trainer = L.Trainer(
+        max_steps=cfg.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=cfg.clip,
+        num_sanity_val_steps=0, limit_val_batches=0, deterministic=False,
+    )
+    trainer.fit(_lightning_module(model, cfg), train_dataloaders=timed)
+    model.eval()
+    with torch.no_grad():
+        for x, y in val:
+            F.cross_entropy(model(x), y).item()
+    return timed.step_s()
+
+
+def bench_training_loops(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
+    base, batches, val = _mlp_and_data(sizes)
+    contenders: dict[str, Callable[..., float]] = {
+        "course_train": run_course_train, "minimal_loop": run_minimal_loop, "lightning": run_lightning,
+    }
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    names = list(contenders)
+    for rep in range(sizes.reps):
+        order = names[rep % len(names):] + names[: rep % len(names)]  # rotate who goes first
+        for name in order:
+            times[name].append(contenders[name](copy.deepcopy(base), batches, val, sizes))
+        log(f"  loops rep {rep + 1}/{sizes.reps}: " + ", ".join(f"{k} {1000 * v[-1]:.2f} ms" for k, v in times.items()))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    vs_min = med["course_train"] / med["minimal_loop"]
+    vs_l = med["course_train"] / med["lightning"]
+    return {
+        "model": f"Net(d_in=32, d={sizes.d}, n_blocks=4), batch {sizes.batch}, fp32, CPU",
+        "steps": sizes.steps, "reps": sizes.reps, "step_ms": {k: 1000 * v for k, v in med.items()},
+        "all_step_ms": {k: [1000 * t for t in v] for k, v in times.items()},
+        "ratio_train_vs_minimal": vs_min, "ratio_train_vs_lightning": vs_l,
+        "goal_train_vs_minimal": 1.05, "goal_train_vs_lightning": 0.7,
+        "met_train_vs_minimal": vs_min <= 1.05, "met_train_vs_lightning": vs_l <= 0.7,
+    }
+
+
+# ------------------------------------------------------------------------------------------ (b) loaders
+def bench_loaders(sizes: Sizes, log: Callable[[str], None], workers: int = 2) -> dict[str, Any]:
+    from course_lib.data import load_image_datasets
+    from course_lib.perf.loaders import measure_loader
+
+    data = load_image_datasets("shapes")
+    bs = min(sizes.batch, len(data.train) // max(1, sizes.loader_batches))
+    n = min(sizes.loader_batches, len(data.train) // bs)
+    runs: dict[str, list[float]] = {"workers_0": [], f"workers_{workers}": []}
+    for rep in range(sizes.reps):
+        for w in ((0, workers) if rep % 2 == 0 else (workers, 0)):
+            r = measure_loader(data.train, n_batches=n, batch_size=bs, num_workers=w,
+                               prefetch_factor=4 if w else None)
+            runs[f"workers_{w}"].append(r["samples_per_s"])
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    ratio = med[f"workers_{workers}"] / med["workers_0"]
+    log(f"  loader: workers={workers} vs 0: {ratio:.2f}x")
+    return {
+        "dataset": f"shapes JPEG, {len(data.train)} train images, {data.image_size}px, decode+augment per sample",
+        "batch_size": bs, "n_batches": n, "tuned": {"num_workers": workers, "prefetch_factor": 4},
+        "samples_per_s": med, "ratio_tuned_vs_workers0": ratio, "goal": 1.7, "met": ratio >= 1.7,
+        "note": "startup (worker spawn) included; on a shared or 2-core machine workers compete with the main process",
+    }
+
+
+def bench_in_memory(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from course_lib.data import DeviceBatcher, load_image_tensors
+
+    t = load_image_tensors("shapes", progress=False)
+    device = pick_device("auto")
+    images, labels = t.train_images, t.train_labels
+    bs = min(sizes.batch, len(images))
+    mean = torch.tensor(t.mean).view(1, -1, 1, 1)
+    std = torch.tensor(t.std).view(1, -1, 1, 1)
+    floats = (images.float() / 255.0 - mean) / std  # pre-normalised: the DataLoader side does *less* work
+    batcher = DeviceBatcher(images, labels, batch_size=bs, device=device, augment=True, mean=t.mean, std=t.std)
+    loader = DataLoader(TensorDataset(floats, labels), batch_size=bs, shuffle=True, drop_last=True)
+
+    def epoch(it: Any) -> float:
+        synchronize(device)
+        t0 = time.perf_counter()
+        count = 0
+        for x, y in it:
+            x, y = x.to(device), y.to(device)
+            count += len(y)
+        synchronize(device)
+        return count / (time.perf_counter() - t0)
+
+    runs: dict[str, list[float]] = {"device_batcher": [], "dataloader_tensordataset": []}
+    for _ in range(max(2, sizes.reps)):
+        runs["device_batcher"].append(epoch(batcher))
+        runs["dataloader_tensordataset"].append(epoch(loader))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    ratio = med["device_batcher"] / med["dataloader_tensordataset"]
+    log(f"  in-memory: DeviceBatcher vs DataLoader(TensorDataset): {ratio:.2f}x")
+    return {
+        "dataset": f"shapes as uint8 tensors, {len(images)} images", "batch_size": bs, "device": str(device),
+        "samples_per_s": med, "ratio_devicebatcher_vs_dataloader": ratio,
+        "why_workers_do_not_help": (
+            "the data is already decoded in memory: a batch is one index + gather. DataLoader(TensorDataset) "
+            "indexes sample by sample and stacks them in Python; worker processes would add pickling/shared-memory "
+            "transfer of every batch, which costs more than the gather itself. DeviceBatcher gathers a whole batch "
+            "in one tensor operation on the device (and augments there too, which the TensorDataset side does not)."),
+    }
+
+
+# ----------------------------------------------------------------------------------- (c) compile, precision
+def bench_compile(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
+    from course_lib.perf.compile import measure_compile
+
+    model, batches, _ = _mlp_and_data(sizes)
+    model.eval()  # dropout off: same work in both
+    counter = iter(range(10**9))
+    result = measure_compile(model, lambda: batches[next(counter) % len(batches)], steps=sizes.compile_steps,
+                             backend=sizes.compile_backend)
+    log(f"  compile ({sizes.compile_backend}): steady {result['speedup']:.2f}x, cold {result['cold_first_step_s']:.1f} s")
+    result["ratio_compiled_vs_eager_step_time"] = result["compiled_step_s"] / result["eager_step_s"]
+    result["model"] = f"Net(d_in=32, d={sizes.d}, n_blocks=4), batch {sizes.batch}"
+    return result
+
+
+def bench_precision(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
+    from course_lib.models import Net
+    from course_lib.perf.precision import compare_precisions
+
+    device = pick_device("auto")
+    precisions = ("fp32", "bf16") if device.type != "cuda" else ("fp32", "bf16", "fp16")
+
+    def make_model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return Net(d_in=32, d=sizes.d * 2, n_blocks=4, n_out=10, p=0.0)
+
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(sizes.batch * 2, 32, generator=g), torch.randint(0, 10, (sizes.batch * 2,), generator=g))
+            for _ in range(4)]
+    rows = compare_precisions(make_model, lambda: data, device=device, steps=max(3, sizes.steps // 2),
+                              precisions=precisions)
+    bf16 = next(r for r in rows if r["precision"] == "bf16")
+    log(f"  precision: bf16 step time {bf16['step_time_vs_fp32']:.2f}x fp32")
+    return {"device": str(device), "rows": rows, "ratio_bf16_vs_fp32_step_time": bf16["step_time_vs_fp32"],
+            "model": f"Net(d_in=32, d={sizes.d * 2}, n_blocks=4), batch {sizes.batch * 2}"}
+
+
+# ------------------------------------------------------------------------------------------- (d) GPU only
+def gpt_flops_per_token(n_params: int, n_layer: int, n_embd: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N (forward 2N + backward 4N) plus attention's 12 * layers * width * sequence."""
+    return 6 * n_params + 12 * n_layer * n_embd * seq_len
+
+
+def peak_flops(name: str, override_tflops: float | None = None) -> float | None:
+    if override_tflops:
+        return override_tflops * 1e12
+    for key, value in GPU_PEAK_BF16_FLOPS.items():
+        if key.lower() in name.lower():
+            return value
+    return None
+
+
+def bench_gpt_mfu(sizes: Sizes, log: Callable[[str], None], peak_tflops: float | None) -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA GPU: tokens/s and MFU are reported on a GPU only"}
+    from course_lib.models import GPTConfig, TinyGPT
+
+    device = torch.device("cuda")
+    cfg = GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384)
+    model = TinyGPT(cfg).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    batch = 32
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), device=device)
+    y = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), device=device)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x)
+        F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(sizes.gpt_steps):
+        step()
+    synchronize(device)
+    tokens_per_s = sizes.gpt_steps * batch * cfg.block_size / (time.perf_counter() - t0)
+    fpt = gpt_flops_per_token(n_params, cfg.n_layer, cfg.n_embd, cfg.block_size)
+    name = torch.cuda.get_device_name()
+    peak = peak_flops(name, peak_tflops)
+    mfu = tokens_per_s * fpt / peak if peak else None
+    log(f"  GPT: {tokens_per_s:,.0f} tokens/s" + (f", MFU {mfu:.1%}" if mfu is not None else ""))
+    return {"gpu": name, "n_params": n_params, "batch": batch, "seq_len": cfg.block_size, "tokens_per_s": tokens_per_s,
+            "flops_per_token": fpt, "peak_flops": peak, "mfu": mfu,
+            "peak_source": "--peak-tflops" if peak_tflops else ("vendor datasheet table" if peak else "unknown GPU")}
+
+
+# ------------------------------------------------------------------------------------------------- report
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec)
+
+
+def _met(flag: Any) -> str:
+    return "-" if flag is None else ("met" if flag else "NOT met")
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    r = report["results"]
+    lines = [
+        "# Benchmark table", "",
+        f"Measured {m['date']} with `python -m course_lib bench {' '.join(report['argv'])}` (preset "
+        f"`{report['preset']}`). All figures are ratios of runs made side by side in this one run, contenders "
+        "interleaved, median of the repetitions.", "",
+        f"Machine: {m['cpu']}, {m['cores']} usable cores, {m['os']}, Python {m['python']}, torch {m['torch']}, "
+        f"device `{m['device']}`" + (f" ({m['gpu']})" if m.get("gpu") else "") +
+        f". Load average at start: {m.get('load_average')}. " + report["shared_note"], "",
+        "| what | ratio | goal | status |", "|---|---|---|---|",
+    ]
+    a = r.get("training_loops")
+    if a:
+        lines.append(f"| (a) `train()` step time / minimal loop | {_fmt(a['ratio_train_vs_minimal'])}x | <= 1.05x | "
+                     f"{_met(a['met_train_vs_minimal'])} |")
+        lines.append(f"| (a) `train()` step time / Lightning | {_fmt(a['ratio_train_vs_lightning'])}x | <= 0.7x | "
+                     f"{_met(a['met_train_vs_lightning'])} |")
+    b = r.get("loaders")
+    if b:
+        lines.append(f"| (b) tuned loader (workers={b['tuned']['num_workers']}) / workers=0, samples/s | "
+                     f"{_fmt(b['ratio_tuned_vs_workers0'])}x | >= 1.7x | {_met(b['met'])} |")
+    im = r.get("in_memory")
+    if im:
+        lines.append(f"| (b) DeviceBatcher / DataLoader(TensorDataset), samples/s | "
+                     f"{_fmt(im['ratio_devicebatcher_vs_dataloader'])}x | - | - |")
+    c = r.get("compile")
+    if c:
+        lines.append(f"| (c) compiled / eager steady-state step time ({c['backend']}) | "
+                     f"{_fmt(c['ratio_compiled_vs_eager_step_time'])}x | - | - |")
+        lines.append(f"| (c) cold first compiled step / eager step | "
+                     f"{_fmt(c['cold_first_step_s'] / c['eager_step_s'], '.0f')}x "
+                     f"({_fmt(c['cold_first_step_s'], '.1f')} s) | - | - |")
+    p = r.get("precision")
+    if p:
+        lines.append(f"| (c) bf16 / fp32 step time on {p['device']} | {_fmt(p['ratio_bf16_vs_fp32_step_time'])}x | - | - |")
+    d = r.get("gpu_gpt")
+    if d:
+        if "skipped" in d:
+            lines.append(f"| (d) tiny GPT tokens/s, MFU | skipped | - | {d['skipped']} |")
+        else:
+            lines.append(f"| (d) tiny GPT on {d['gpu']}: {d['tokens_per_s']:,.0f} tokens/s, MFU | "
+                         f"{_fmt(d['mfu'], '.1%') if d['mfu'] is not None else '-'} | - | {d['peak_source']} |")
+    for name, err in report.get("errors", {}).items():
+        lines.append(f"| {name} | error | - | {err} |")
+    lines += ["", "## Details", ""]
+    if a:
+        lines.append(f"(a) {a['model']}, {a['steps']} steps x {a['reps']} reps; median step ms: " +
+                     ", ".join(f"{k} {v:.2f}" for k, v in a["step_ms"].items()) + ".")
+    if b:
+        lines.append(f"(b) {b['dataset']}; batch {b['batch_size']}, {b['n_batches']} batches; samples/s: " +
+                     ", ".join(f"{k} {v:.0f}" for k, v in b["samples_per_s"].items()) + f". {b['note']}.")
+    if im:
+        lines.append(f"(b) in memory, {im['dataset']}: samples/s " +
+                     ", ".join(f"{k} {v:.0f}" for k, v in im["samples_per_s"].items()) +
+                     f". Why workers do not help here: {im['why_workers_do_not_help']}")
+    if c:
+        lines.append(f"(c) compile: {c['model']}, mode {c['mode']}, eager {1000 * c['eager_step_s']:.2f} ms vs "
+                     f"compiled {1000 * c['compiled_step_s']:.2f} ms per step; cold first step "
+                     f"{c['cold_first_step_s']:.1f} s" + (f"; fallback: {c['fallback_reason']}" if c["fallback_reason"] else "") + ".")
+    if p:
+        lines.append(f"(c) precision: {p['model']}: " + "; ".join(
+            f"{row['precision']} {row['step_ms']:.2f} ms/step, final loss {row['final_loss']:.4f}" for row in p["rows"]) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def run_bench(preset: str = "quick", *, sections: Sequence[str] = ("loops", "loaders", "in_memory", "compile",
+              "precision", "gpu"), peak_tflops: float | None = None, log: Callable[[str], None] = print,
+              argv: Sequence[str] = ()) -> dict[str, Any]:
+    sizes = PRESETS[preset]
+    report: dict[str, Any] = {
+        "preset": preset, "argv": list(argv), "machine": machine(), "sizes": sizes.__dict__, "results": {},
+        "errors": {},
+        "shared_note": "The machine may be shared with other work while measuring: ratios of interleaved runs are "
+                       "robust to that; absolute times are not.",
+    }
+    jobs: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
+        "loops": ("training_loops", lambda: bench_training_loops(sizes, log)),
+        "loaders": ("loaders", lambda: bench_loaders(sizes, log)),
+        "in_memory": ("in_memory", lambda: bench_in_memory(sizes, log)),
+        "compile": ("compile", lambda: bench_compile(sizes, log)),
+        "precision": ("precision", lambda: bench_precision(sizes, log)),
+        "gpu": ("gpu_gpt", lambda: bench_gpt_mfu(sizes, log, peak_tflops)),
+    }
+    for section in sections:
+        key, job = jobs[section]
+        log(f"[bench] {key} ...")
+        t0 = time.perf_counter()
+        try:
+            report["results"][key] = job()
+        except Exception as exc:  # noqa: BLE001 - one failing section must not lose the others
+            report["errors"][key] = f"{type(exc).__name__}: {exc}"
+            log(f"  {key} failed: {report['errors'][key]}")
+        log(f"  ({time.perf_counter() - t0:.1f} s)")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m course_lib bench", description=__doc__.splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="fewer steps and repetitions (a few minutes on 2 cores)")
+    size.add_argument("--tiny", action="store_true", help="wiring check only: tiny sizes, numbers are meaningless")
+    parser.add_argument("--out", default="benchmarks/results", help="folder for latest.md and latest.json")
+    parser.add_argument("--only", nargs="+", choices=["loops", "loaders", "in_memory", "compile", "precision", "gpu"],
+                        help="run only these sections")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the GPU's peak bf16 TFLOP/s for MFU, when it is not in the built-in table")
+    args = parser.parse_args(argv)
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        parser.error(f"--peak-tflops={args.peak_tflops} must be > 0")
+    preset = "tiny" if args.tiny else "quick" if args.quick else "full"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sections = args.only or ["loops", "loaders", "in_memory", "compile", "precision", "gpu"]
+    report = run_bench(preset, sections=sections, peak_tflops=args.peak_tflops, argv=argv)
+    (out / "latest.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    (out / "latest.md").write_text(to_markdown(report), encoding="utf-8")
+    print(to_markdown(report))
+    print(f"written: {out / 'latest.md'}, {out / 'latest.json'}")
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

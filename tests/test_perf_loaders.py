@@ -1,0 +1,49 @@
+"""Loader measurements: the experiment order, one row per config, live rows, shared validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from course_lib.data import LoaderConfigError
+from course_lib.perf.loaders import experiment_order, loader_sweep, measure_loader, recommend_workers
+from course_lib.perf.synthetic import SyntheticImages
+
+
+def test_experiment_order_follows_the_course_order() -> None:
+    configs = experiment_order(batch_size=32, max_workers=4)
+    steps = [c["step"] for c in configs]
+    assert steps == ["baseline", "workers", "workers", "workers", "batch_size", "batch_size", "pin_memory",
+                     "prefetch_factor", "persistent_workers", "persistent_workers"]
+    assert [c["num_workers"] for c in configs if c["step"] == "workers"] == [1, 2, 4]
+    assert configs[0]["num_workers"] == 0
+    assert {c["batch_size"] for c in configs if c["step"] == "batch_size"} == {16, 64}
+    assert "CUDA" in next(c for c in configs if c["pin_memory"])["note"]
+    persistent = [c for c in configs if c["step"] == "persistent_workers"]
+    assert [c["persistent_workers"] for c in persistent] == [False, True] and all(c["epochs"] == 2 for c in persistent)
+    assert [c["num_workers"] for c in experiment_order(8, max_workers=3) if c["step"] == "workers"] == [1, 2, 3]
+    assert 1 <= recommend_workers() <= 8
+
+
+def test_loader_sweep_one_row_per_config_in_order_with_live_callback() -> None:
+    data = SyntheticImages(n=48, shape=(3, 8, 8))
+    configs = [c for c in experiment_order(batch_size=8, max_workers=1)
+               if c["step"] in ("baseline", "workers", "pin_memory", "persistent_workers")]
+    seen = []
+    rows = loader_sweep(data, configs, n_batches=2, progress=False, on_row=seen.append)
+    assert [r["label"] for r in rows] == [c["label"] for c in configs]
+    assert seen == rows
+    measured = [r for r in rows if not r["skipped"]]
+    assert all(r["samples"] == 2 * 8 * r["epochs"] and r["samples_per_s"] > 0 for r in measured)
+    assert rows[0]["speedup"] == pytest.approx(1.0)
+    pinned = next(r for r in rows if r["pin_memory"])
+    assert pinned["skipped"] and pinned["samples_per_s"] is None
+    two_epochs = [r for r in measured if r["epochs"] == 2]
+    assert two_epochs and all(len(r["epoch_first_batch_s"]) == 2 for r in two_epochs)
+
+
+def test_measure_loader_shares_make_loader_validation() -> None:
+    data = SyntheticImages(n=16)
+    with pytest.raises(LoaderConfigError, match="prefetch_factor"):
+        measure_loader(data, n_batches=1, batch_size=4, num_workers=0, prefetch_factor=2)
+    with pytest.raises(ValueError, match="n_batches"):
+        measure_loader(data, n_batches=10, batch_size=4)

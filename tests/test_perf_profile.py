@@ -1,0 +1,41 @@
+"""Profiler wrapper: a loadable trace with events, top-k rows sorted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from course_lib.perf.profile import export_chrome_trace, profile_steps, top_ops
+
+
+def step_fn() -> None:
+    model = step_fn.model  # type: ignore[attr-defined]
+    model(torch.randn(16, 32)).relu().sum().backward()
+
+
+step_fn.model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 8))  # type: ignore[attr-defined]
+
+
+def test_profile_export_and_top_ops(tmp_path) -> None:
+    result = profile_steps(step_fn, wait=1, warmup=1, active=2)
+    path = export_chrome_trace(result, tmp_path / "trace.json")
+    trace = json.loads(path.read_text())
+    assert len(trace["traceEvents"]) > 10
+    rows = top_ops(result, k=4, by="self_cpu_time_total")
+    assert len(rows) == 4
+    values = [r["value_ms"] for r in rows]
+    assert values == sorted(values, reverse=True)
+    totals = top_ops(result, k=3, by="cpu_time_total")
+    assert [r["value_ms"] for r in totals] == [r["cpu_total_ms"] for r in totals]
+    assert "Self CPU" in result.table(k=3)
+    with pytest.raises(ValueError, match="by="):
+        top_ops(result, by="wall")
+
+
+def test_tensorboard_trace_dir(tmp_path) -> None:
+    result = profile_steps(step_fn, wait=0, warmup=1, active=1, trace_dir=tmp_path / "tb")
+    assert result.trace_files and json.loads(result.trace_files[0].read_text())["traceEvents"]
+    with pytest.raises(ValueError, match="steps"):
+        profile_steps(step_fn, steps=1)
