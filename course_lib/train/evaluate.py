@@ -6,7 +6,8 @@ losses and correct predictions, then dividing by the total count, gives the true
 
 ``torch.inference_mode()`` turns off autograd bookkeeping entirely (cheaper than ``no_grad``), and ``model.eval()``
 switches dropout off and BatchNorm to its running statistics. The model's previous mode is restored afterwards,
-so calling ``evaluate`` in the middle of training is safe.
+and the global RNG is forked (iterating a DataLoader draws a seed from it), so calling ``evaluate`` in the middle
+of training changes neither the model's mode nor the random numbers training draws next.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def evaluate(
     loss_sum = torch.zeros((), device=device, dtype=acc_dtype)
     correct = torch.zeros((), device=device, dtype=torch.long)
     count = torch.zeros((), device=device, dtype=torch.long)
+    rng_devices = [device] if device.type == "cuda" else []
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.random.fork_rng(devices=rng_devices):
             for batch in loader:
                 x, y = move_batch(batch[:2], device)
                 with autocast(device, amp_dtype):

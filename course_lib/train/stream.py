@@ -23,11 +23,8 @@ def find_resumable_sampler(loader: Any) -> Any | None:
     """The loader's ``ResumableSampler`` (at ``loader.sampler`` or ``loader.batch_sampler.sampler``), or ``None``."""
     try:
         from course_lib.data import ResumableSampler
-    except ImportError:
-        try:  # TEMP until course_lib.data exports its names
-            from course_lib.data.sampler import ResumableSampler
-        except ImportError:  # the data package is optional for this module
-            return None
+    except ImportError:  # the data package is optional for this module
+        return None
     for candidate in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
         if isinstance(candidate, ResumableSampler):
             return candidate

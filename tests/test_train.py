@@ -1,0 +1,257 @@
+"""The training template: schedule, optimizer groups, config checks, evaluation, determinism, exact resume, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from course_lib.data import make_loader, pad_collate
+from course_lib.models import GPTConfig, Net, TinyGPT
+from course_lib.train import ConfigError, TrainConfig, evaluate, lr_at, param_groups, train
+from course_lib.train import cli as train_cli
+from course_lib.train import loop as loop_module
+
+REPO = Path(__file__).resolve().parents[1]
+THROUGHPUT_KEYS = ("examples_per_s", "tokens_per_s")  # measured, so never identical between two runs
+
+
+def _without_timing(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in THROUGHPUT_KEYS} for r in records]
+
+
+# ----------------------------------------------------------------------------------------------- schedule
+def test_lr_at_warmup_cosine_and_floor() -> None:
+    cfg = TrainConfig(lr=1e-3, warmup=10, steps=110, device="cpu")
+    assert lr_at(0, cfg) == 0.0
+    assert lr_at(5, cfg) == pytest.approx(5e-4)
+    assert lr_at(10, cfg) == pytest.approx(1e-3)
+    assert lr_at(60, cfg) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))  # half-way down the cosine
+    assert lr_at(110, cfg) == pytest.approx(1e-4)
+    assert lr_at(500, cfg) == pytest.approx(1e-4)
+    warm = [lr_at(s, cfg) for s in range(0, 11)]
+    decay = [lr_at(s, cfg) for s in range(10, 111)]
+    assert all(a < b for a, b in zip(warm, warm[1:]))
+    assert all(a > b for a, b in zip(decay, decay[1:]))
+    no_warmup = TrainConfig(lr=1e-3, warmup=0, steps=10, device="cpu")
+    assert lr_at(0, no_warmup) == pytest.approx(1e-3)
+
+
+# ---------------------------------------------------------------------------------------------- optimizer
+def test_param_groups_decay_only_matrices_and_skip_frozen() -> None:
+    model = Net(d_in=6, d=8, n_blocks=1, n_out=2)
+    model.inp.weight.requires_grad_(False)
+    decay, no_decay = param_groups(model, wd=0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert all(p.dim() < 2 for p in no_decay["params"])
+    assert "inp.weight" not in decay["names"] + no_decay["names"]
+    assert "blocks.0.norm.weight" in no_decay["names"] and "out.bias" in no_decay["names"]
+    trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    assert len(decay["params"]) + len(no_decay["params"]) == trainable
+
+
+# ------------------------------------------------------------------------------------------------- config
+INVALID = [
+    ("lr", 0.0), ("lr", -1e-3), ("lr", float("nan")), ("wd", -0.1), ("steps", 0), ("steps", 2.5),
+    ("warmup", -1), ("warmup", 10_000), ("bs", 0), ("accum", 0), ("clip", -1.0), ("eval_every", 0),
+    ("log_every", 0), ("seed", -1), ("workers", -2), ("compile", "yes"), ("dataset", "mnist"),
+    ("model", "resnet"), ("amp_dtype", "fp8"), ("device", "gpu"), ("out", ""),
+]
+
+
+@pytest.mark.parametrize("field, value", INVALID, ids=[f"{f}={v!r}" for f, v in INVALID])
+def test_every_invalid_value_raises_a_config_error_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^{field}="):
+        TrainConfig(**{field: value, "steps": 100} if field != "steps" else {field: value})
+
+
+def test_config_cross_field_checks() -> None:
+    with pytest.raises(ConfigError, match="model='gpt' cannot train on dataset='shapes'"):
+        TrainConfig(model="gpt", dataset="shapes")
+    with pytest.raises(ConfigError, match="amp_dtype='fp16' needs a CUDA GPU"):
+        TrainConfig(amp_dtype="fp16", device="cpu")
+    cfg = TrainConfig(device="cpu")
+    cfg.bs = -3  # fields can be changed later: validate() checks again
+    with pytest.raises(ConfigError, match="bs=-3"):
+        cfg.validate()
+    assert TrainConfig(clip=0).clip == 0 and TrainConfig(clip=None).clip is None
+
+
+def test_mode_sized_defaults_are_resolved_values() -> None:
+    cfg = TrainConfig(steps=40)
+    assert (cfg.warmup, cfg.eval_every, cfg.log_every) == (2, 10, 2)
+    resolved = cfg.resolved("cpu").to_dict()
+    assert resolved["device"] == "cpu" and resolved["amp_dtype"] == "fp32"
+    assert all(v is not None for k, v in resolved.items() if k != "clip")
+
+
+# ---------------------------------------------------------------------------------------------- evaluate
+def test_evaluate_is_invariant_to_batch_size_and_restores_mode() -> None:
+    torch.manual_seed(0)
+    model = Net(d_in=12, d=16, n_blocks=1, n_out=3)
+    x, y = torch.randn(23, 12), torch.randint(0, 3, (23,))
+    y[[2, 7]] = -100
+    results = [evaluate(model, DataLoader(TensorDataset(x, y), batch_size=b), "cpu") for b in (1, 5, 23)]
+    for r in results[1:]:
+        assert r["loss"] == pytest.approx(results[0]["loss"], rel=1e-6) and r["acc"] == results[0]["acc"]
+    keep = y != -100
+    with torch.no_grad():
+        logits = model.eval()(x)
+    assert results[0]["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits[keep], y[keep]).item(), rel=1e-5)
+    assert results[0]["acc"] == pytest.approx((logits[keep].argmax(1) == y[keep]).float().mean().item())
+    model.train()
+    evaluate(model, DataLoader(TensorDataset(x, y), batch_size=8), "cpu")
+    assert model.training
+    model.eval()
+    evaluate(model, DataLoader(TensorDataset(x, y), batch_size=8), "cpu")
+    assert not model.training
+
+
+def test_evaluate_text_batches_ignores_padding() -> None:
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=7, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    seqs = [torch.randint(0, 7, (n,)) for n in (3, 9, 5, 2)]
+    one = evaluate(model, DataLoader(seqs, batch_size=1, collate_fn=pad_collate), "cpu")
+    all_ = evaluate(model, DataLoader(seqs, batch_size=4, collate_fn=pad_collate), "cpu")
+    assert one["loss"] == pytest.approx(all_["loss"], rel=1e-5) and one["acc"] == pytest.approx(all_["acc"])
+
+
+# ------------------------------------------------------------------------------------ training in-process
+def _setup(tmp_path: Path, **overrides):
+    """A tiny run: 40 samples, micro-batches of 8, 2 per step (groups 2, 2, 1 per epoch), dropout on."""
+    g = torch.Generator().manual_seed(123)
+    x, y = torch.randn(40, 3, 2, 2, generator=g), torch.randint(0, 4, (40,), generator=g)
+    train_loader = make_loader(TensorDataset(x, y), batch_size=8, train=True, seed=0)
+    val_loader = make_loader(TensorDataset(x[:20], y[:20]), batch_size=8, train=False)
+    torch.manual_seed(0)
+    model = Net(d_in=12, d=16, n_blocks=1, n_out=4, p=0.2)
+    values = dict(lr=1e-2, warmup=2, steps=8, bs=8, accum=2, eval_every=3, log_every=1, device="cpu",
+                  model="net", out=str(tmp_path))
+    values.update(overrides)
+    return model, train_loader, val_loader, TrainConfig(**values)
+
+
+def test_training_is_deterministic_and_logs_what_it_promises(tmp_path: Path) -> None:
+    histories = []
+    for run_dir in ("a", "b"):
+        model, tl, vl, cfg = _setup(tmp_path / run_dir)
+        histories.append(train(model, tl, vl, cfg))
+    assert _without_timing(histories[0]) == _without_timing(histories[1])
+    history = histories[0]
+    train_lines = [r for r in history if "loss" in r]
+    eval_lines = [r for r in history if "val_loss" in r]
+    assert [r["step"] for r in train_lines] == list(range(1, 9))
+    assert [r["step"] for r in eval_lines] == [3, 6, 8]
+    assert set(train_lines[0]) == {"step", "loss", "lr", "grad_norm", "examples_per_s"}
+    assert train_lines[0]["lr"] == 0.0 and train_lines[2]["lr"] == pytest.approx(1e-2)
+    assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in train_lines)
+    lines = [json.loads(s) for s in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert lines == history
+    assert (tmp_path / "a" / "ckpt.pt").is_file()
+
+
+def test_ckpt_path_none_writes_nothing(tmp_path: Path) -> None:
+    model, tl, vl, cfg = _setup(tmp_path / "run", steps=2)
+    train(model, tl, vl, cfg, ckpt_path=None)
+    assert not (tmp_path / "run").exists()
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_resume_after_a_crash_is_bit_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tl, vl, cfg = _setup(tmp_path / "full")
+    reference = train(model, tl, vl, cfg)
+
+    real_save = loop_module.save_checkpoint
+
+    def save_then_die(*args, **kwargs):  # the process "dies" right after its first checkpoint
+        real_save(*args, **kwargs)
+        raise _Killed
+
+    monkeypatch.setattr(loop_module, "save_checkpoint", save_then_die)
+    model, tl, vl, cfg = _setup(tmp_path / "crash")
+    with pytest.raises(_Killed):
+        train(model, tl, vl, cfg)
+    monkeypatch.undo()
+
+    torch.manual_seed(999)  # whatever the process did before, the checkpoint restores the RNG
+    model, tl, vl, cfg = _setup(tmp_path / "crash")
+    resumed = train(model, tl, vl, cfg, resume=True)
+    assert _without_timing(resumed) == _without_timing(reference)
+    on_disk = [json.loads(s) for s in (tmp_path / "crash" / "metrics.jsonl").read_text().splitlines()]
+    assert _without_timing(on_disk) == _without_timing(reference)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def test_cli_options_are_generated_from_the_config() -> None:
+    parser = train_cli.build_parser()
+    args = parser.parse_args(["--eval-every", "20", "--no-compile", "--clip", "none", "--amp-dtype", "bf16"])
+    assert (args.eval_every, args.compile, args.clip, args.amp_dtype) == (20, False, None, "bf16")
+    options = {a for action in parser._actions for a in action.option_strings}
+    assert {"--lr", "--wd", "--warmup", "--steps", "--bs", "--accum", "--log-every", "--workers", "--out",
+            "--compile", "--no-compile", "--resume", "--dataset", "--model", "--device", "--seed"} <= options
+
+
+def test_cli_rejects_bad_values_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert train_cli.main(["--bs", "0", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "bs=0" in err and "Traceback" not in err
+    assert train_cli.main(["--model", "gpt", "--out", str(tmp_path)]) == 2
+    assert "cannot train on dataset='shapes'" in capsys.readouterr().err
+    assert train_cli.main(["--resume", "--out", str(tmp_path / "empty")]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    assert train_cli.main(["--steps", "many"]) == 2
+
+
+def _cli(out: Path, workers: int, resume: bool = False) -> subprocess.Popen:
+    args = ["--steps", "8", "--warmup", "2", "--eval-every", "3", "--log-every", "1", "--bs", "8", "--accum", "2",
+            "--workers", str(workers), "--device", "cpu", "--out", str(out)]
+    env = {**os.environ, "COURSE_MODE": "smoke", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "course_lib.train", *args, *(["--resume"] if resume else [])],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _kill_after_first_checkpoint(out: Path, workers: int) -> None:
+    proc = _cli(out, workers)
+    ckpt = out / "ckpt.pt"
+    while not ckpt.exists() and proc.poll() is None:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before it could be killed:\n{output}"
+
+
+def _metrics(out: Path) -> list[dict]:
+    return _without_timing([json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()])
+
+
+@pytest.mark.slow
+def test_cli_run_killed_with_sigkill_and_resumed_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    """Also across worker counts: the sampler gives each sample its augmentation seed, so workers do not matter."""
+    reference = _cli(tmp_path / "reference", workers=0)
+    output, _ = reference.communicate(timeout=240)
+    assert reference.returncode == 0, output
+    assert "metrics:" in output and "checkpoint:" in output
+    expected = _metrics(tmp_path / "reference")
+    assert [r["step"] for r in expected if "val_loss" in r] == [3, 6, 8]
+
+    for workers in (0, 2):
+        out = tmp_path / f"killed-w{workers}"
+        _kill_after_first_checkpoint(out, workers)
+        assert len(_metrics(out)) < len(expected)
+        resumed = _cli(out, workers, resume=True)
+        output, _ = resumed.communicate(timeout=240)
+        assert resumed.returncode == 0, output
+        assert _metrics(out) == expected, f"workers={workers}: resumed run differs from the uninterrupted one"
