@@ -93,6 +93,7 @@ def results_table_html(rows: list[dict[str, Any]]) -> str:
     """The results as an HTML table; ``× run 1`` is samples/s relative to the first measured row."""
     cell = "padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap"
     head = "".join(f'<th style="{cell};font-weight:600">{c}</th>' for c in _TABLE_COLUMNS)
+    notes: list[str] = []  # why a row was skipped, listed under the table
     if not rows:
         body = f'<tr><td colspan="{len(_TABLE_COLUMNS)}" style="{cell};text-align:left;color:#666">' \
                "No runs yet: choose a configuration and press Run.</td></tr>"
@@ -104,19 +105,21 @@ def results_table_html(rows: list[dict[str, Any]]) -> str:
             ratio = f"×{sps / base:.2f}" if sps and base else "–"
             what = r.get("label") or "manual run"
             if r.get("skipped"):
-                what += f" (skipped: {r['skipped']})"
+                what += " (skipped, see note below)"
+                notes.append(f"#{i}: {r['skipped']}")
             values = [str(i), what, _fmt(r.get("num_workers")), _fmt(r.get("batch_size")), _fmt(r.get("pin_memory")),
                       _fmt(r.get("prefetch_factor")), _fmt(r.get("persistent_workers")), _fmt(r.get("epochs", 1)),
                       _fmt(r.get("batches")), _fmt(sps, 1), ratio, _fmt(r.get("first_batch_s"), 3),
                       _fmt(r.get("total_s"), 3), _fmt(r.get("host_rss_mb"), 0)]
             tds = "".join(
-                f'<td style="{cell}{";text-align:left;white-space:normal" if j == 1 else ""}">{html.escape(v) if j == 1 else v}</td>'
+                f'<td style="{cell}{";text-align:left" if j == 1 else ""}">{html.escape(v) if j == 1 else v}</td>'
                 for j, v in enumerate(values)
             )
             lines.append(f"<tr>{tds}</tr>")
         body = "".join(lines)
+    foot = "".join(f'<div style="color:#555;font-size:12px">{html.escape(n)}</div>' for n in notes)
     return f'<table style="border-collapse:collapse;font-size:12px"><thead><tr>{head}</tr></thead>' \
-           f"<tbody>{body}</tbody></table>"
+           f"<tbody>{body}</tbody></table>{foot}"
 
 
 def samples_per_s_png(rows: list[dict[str, Any]]) -> bytes:
@@ -151,8 +154,10 @@ def samples_per_s_png(rows: list[dict[str, Any]]) -> bytes:
         handles.append(Line2D([], [], color="#555", linestyle="--", linewidth=1, label="run 1"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     else:
-        ax.text(0.5, 0.5, "no runs yet", ha="center", va="center", transform=ax.transAxes, color="#777")
+        ax.text(0.5, 0.5, "no runs yet: press Run", ha="center", va="center", transform=ax.transAxes,
+                color="#777")
         ax.set_xticks([])
+        ax.set_yticks([])
     ax.set_ylabel("samples/s")
     ax.set_title("Samples per second, per run (higher is better)", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
@@ -195,12 +200,12 @@ class LoaderPlayground(widgets.VBox):
                                              f"(0 = the main process; this machine reports {cores} cores)")
         self.batch_size = widgets.Dropdown(options=sizes, value=batch, description="batch_size", style=wide,
                                            layout=widgets.Layout(width="260px"))
-        self.pin_memory = widgets.Checkbox(value=False, description="pin_memory", disabled=not cuda, indent=False,
+        self.pin_memory = widgets.Checkbox(value=False, description="pin_memory", disabled=not cuda, style=wide,
                                            tooltip="page-locked host memory for faster, asynchronous copies to the "
                                            "GPU" if cuda else NO_CUDA_REASON)
         self.prefetch_factor = widgets.IntSlider(value=2, min=1, max=8, description="prefetch_factor", style=wide,
                                                  layout=layout, tooltip="batches each worker prepares ahead")
-        self.persistent_workers = widgets.Checkbox(value=False, description="persistent_workers", indent=False,
+        self.persistent_workers = widgets.Checkbox(value=False, description="persistent_workers", style=wide,
                                                    tooltip="keep worker processes alive between epochs")
         self.epochs = widgets.IntSlider(value=1, min=1, max=3, description="epochs", style=wide, layout=layout,
                                         tooltip=PERSISTENT_HINT)
@@ -214,7 +219,8 @@ class LoaderPlayground(widgets.VBox):
                                            layout=widgets.Layout(width="auto"),
                                            tooltip="baseline → workers → batch size → pinning → prefetch → "
                                                    "persistent workers")
-        self.status = widgets.HTML(value=f"Dataset: {self.n_samples} samples; batches go to <b>{self.device}</b>.")
+        self.status = widgets.HTML()
+        self._say(f"Dataset: {self.n_samples} samples; batches go to <b>{self.device}</b>.")
         self.table = widgets.HTML(value=results_table_html(self.rows))
         self.plot = widgets.Output()
         self.progress = widgets.Output()
@@ -239,8 +245,8 @@ class LoaderPlayground(widgets.VBox):
         title = widgets.HTML("<b>DataLoader playground</b>: change one setting at a time, press Run, compare "
                              "samples/s.")
         controls = widgets.VBox([
-            self.num_workers, self.batch_size, widgets.HBox([self.pin_memory, self.persistent_workers]),
-            self.prefetch_factor, self.epochs, self.n_batches, self.hints,
+            self.num_workers, self.batch_size, self.pin_memory, self.prefetch_factor, self.persistent_workers,
+            self.epochs, self.n_batches, self.hints,
             widgets.HBox([self.run_button, self.sweep_button]), self.status,
         ])
         super().__init__([title, controls, self.progress, self.table, self.plot])
@@ -255,15 +261,16 @@ class LoaderPlayground(widgets.VBox):
         no_workers = self.num_workers.value == 0
         self.prefetch_factor.disabled = no_workers
         self.persistent_workers.disabled = no_workers
-        hints = []
+        hints: list[tuple[str, str]] = []  # (what, why)
         if self.pin_memory.disabled:
-            hints.append(f"pin_memory is off: {NO_CUDA_REASON}")
+            hints.append(("pin_memory is greyed out", NO_CUDA_REASON))
         if no_workers:
-            hints.append(NO_WORKERS_REASON)
+            hints.append(("prefetch_factor and persistent_workers are greyed out", NO_WORKERS_REASON))
         elif self.persistent_workers.value and self.epochs.value == 1:
-            hints.append(PERSISTENT_HINT)
-        self.hints.value = "".join(f'<div style="color:#666;font-size:12px;line-height:1.4">ⓘ {html.escape(h)}</div>'
-                                   for h in hints)
+            hints.append(("Tip", PERSISTENT_HINT))
+        self.hints.value = "".join(
+            f'<div style="color:#555;font-size:12px;line-height:1.4;margin-left:8px">'
+            f"<b>{html.escape(what)}:</b> {html.escape(why)}</div>" for what, why in hints)
         limit = max(1, min(self._max_n_batches, self._batches_available(self.batch_size.value)))
         if self.n_batches.value > limit:
             self.n_batches.value = limit
@@ -283,14 +290,18 @@ class LoaderPlayground(widgets.VBox):
         }
 
     # --- actions --------------------------------------------------------------------------------------
+    def _say(self, text_html: str) -> None:
+        """Show a message in the status line (HTML; callers escape what they did not write)."""
+        self.status.value = f'<div style="font-size:13px;line-height:1.4;margin:4px 0">{text_html}</div>'
+
     def _guarded(self, action: Callable[[], None]) -> None:
         """Run a button's action with the buttons disabled; show a failure in the status line, not a lost log."""
         self.run_button.disabled = self.sweep_button.disabled = True
         try:
             action()
         except Exception as err:  # a button callback's exception would vanish into the browser console
-            self.status.value = (f'<span style="color:#b00020">Failed: {html.escape(type(err).__name__)}: '
-                                 f"{html.escape(str(err))}</span>")
+            self._say(f'<span style="color:#b00020">Failed: {html.escape(type(err).__name__)}: '
+                      f"{html.escape(str(err))}</span>")
             self._last_traceback = traceback.format_exc()
         finally:
             self.run_button.disabled = self.sweep_button.disabled = False
@@ -300,12 +311,12 @@ class LoaderPlayground(widgets.VBox):
         from course_lib.perf.loaders import measure_loader
 
         cfg = self.config()
-        self.status.value = f"Measuring {self._describe(cfg)} …"
+        self._say(f"Measuring {self._describe(cfg)} …")
         row = measure_loader(self.dataset, device=self.device, **cfg)
         row.setdefault("label", "manual run")
         self._add_row(row)
-        self.status.value = (f"Run {len(self.rows)}: {self._describe(cfg)} → "
-                             f"<b>{row['samples_per_s']:,.1f} samples/s</b>.")
+        self._say(f"Run {len(self.rows)} → <b>{row['samples_per_s']:,.1f} samples/s</b> "
+                  f"({self._describe(cfg)}).")
         return row
 
     def run_experiment_order(self) -> list[dict[str, Any]]:
@@ -319,12 +330,12 @@ class LoaderPlayground(widgets.VBox):
         note = ""
         if n_batches < self.n_batches.value:
             note = f" (n_batches lowered to {n_batches}: batch {largest} gives no more per epoch)"
-        self.status.value = f"Running the experiment order: {len(configs)} configurations{note} …"
+        self._say(f"Running the experiment order: {len(configs)} configurations{note} …")
         self.progress.clear_output()
         with self.progress:  # tqdm.auto draws its progress bar widget here
             rows = loader_sweep(self.dataset, configs, n_batches=n_batches, device=self.device, progress=True,
                                 on_row=self._add_row)
-        self.status.value = f"Experiment order done: {len(rows)} rows{note}. Compare the × column, not raw numbers."
+        self._say(f"Experiment order done: {len(rows)} rows{note}. Compare the × column, not raw numbers.")
         return rows
 
     def _add_row(self, row: dict[str, Any]) -> None:

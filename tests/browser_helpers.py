@@ -32,6 +32,8 @@ CHROMIUM_ARGS = [
 TEST_USER_SETTINGS = {
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
     "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
+    # Render every cell (no virtual scrolling), so the test sees all outputs of a long notebook.
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
 }
 
 

@@ -1,0 +1,285 @@
+"""The course as a learner sees it: JupyterLab in a real (headless) Chromium, notebooks run through the UI.
+
+What this checks that nbval cannot: the widgets actually render in JupyterLab (the front-end extension is
+installed and matches the kernel's ipywidgets), the playground's controls and Run button work end to end, the
+plot changes after a run, and tqdm's notebook progress bar renders and completes.
+
+Needs Debian's ``chromium`` (``apt-get install chromium``) and the ``playwright`` package; Playwright's own
+browser download is never used. Without Chromium the tests skip, except under ``CI=true`` where a missing
+browser is a failure. Screenshots go to ``artifacts/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from browser_helpers import CHROMIUM, CHROMIUM_ARGS, chromium_missing_reason, running_lab
+from conftest import REPO
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+SCREENSHOTS = REPO / "artifacts" / "screenshots"
+RUN_ALL_TIMEOUT_MS = 150_000  # generous: CI machines are shared and noisy
+# The lesson notebooks checked through the UI (the welcome page and the DataLoader lesson with the playground).
+LESSON_PATTERNS = ("00_*.ipynb", "02_*.ipynb")
+
+
+def _code(source: str) -> dict[str, Any]:
+    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source}
+
+
+FIXTURE_NOTEBOOK = {
+    "nbformat": 4, "nbformat_minor": 5,
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
+    "cells": [
+        _code('print("kernel ready")'),
+        _code("from course_lib.widgets import loader_playground\n\nloader_playground()"),
+        _code('from tqdm.auto import tqdm\n\nfor _ in tqdm(range(20), desc="fixture loop"):\n    pass'),
+    ],
+}
+
+
+def _lesson_notebooks() -> list[Path]:
+    return sorted(p for pattern in LESSON_PATTERNS for p in (REPO / "notebooks").glob(pattern))
+
+
+# --- fixtures -----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def served_root(tmp_path_factory) -> Path:
+    """A served folder with the fixture notebook and a *copy* of notebooks/ (the repository's files stay clean)."""
+    root = tmp_path_factory.mktemp("lab-root")
+    (root / "fixture.ipynb").write_text(json.dumps(FIXTURE_NOTEBOOK))
+    if (REPO / "notebooks").is_dir():
+        shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def lab_server(served_root, tmp_path_factory):
+    _require_browser()
+    with running_lab(served_root, tmp_path_factory.mktemp("lab-state"), env={"COURSE_MODE": "smoke"}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser_context(tmp_path_factory) -> Iterator[Any]:
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")),  # a fresh user-data dir
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(browser_context, lab_server):
+    page = browser_context.new_page()
+    page.set_default_timeout(30_000)
+    yield page
+    page.close()
+
+
+def _require_browser() -> None:
+    reason = chromium_missing_reason()
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but the browser test cannot run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+# --- driving JupyterLab ---------------------------------------------------------------------------------------
+def open_notebook(page, server, path: str) -> None:
+    """Open ``path`` in JupyterLab and wait until its kernel has really executed something."""
+    page.goto(server.url(f"/lab/tree/{path}?reset"))
+    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=60_000)
+    # The idle badge alone can appear before the kernel session is wired up; execute a probe and wait for it.
+    page.wait_for_function(
+        """() => {
+            const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+            const kernel = panel && panel.sessionContext && panel.sessionContext.session
+                && panel.sessionContext.session.kernel;
+            return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
+        }""",
+        timeout=60_000,
+    )
+    probe = page.evaluate(
+        """async () => {
+            const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+            const future = kernel.requestExecute({code: 'print(6 * 7)', silent: false, store_history: false});
+            let text = '';
+            future.onIOPub = msg => { if (msg.header.msg_type === 'stream') text += msg.content.text; };
+            await future.done;
+            return text.trim();
+        }"""
+    )
+    assert probe == "42", f"the kernel did not answer a probe correctly: {probe!r}"
+
+
+def run_all_cells(page) -> None:
+    """Run every cell through the Run menu and wait until each code cell has an execution count."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    try:
+        page.wait_for_function(
+            """() => {
+                const panel = window.jupyterapp.shell.currentWidget;
+                const cells = panel.content.widgets.filter(c => c.model.type === 'code');
+                const running = cells.some(c => c.node.querySelector('.jp-InputPrompt')?.textContent.includes('*'));
+                const allRan = cells.every(c => c.model.executionCount !== null);
+                // Run All stops at the first exception: then the remaining cells never get a count.
+                const failed = cells.some(c => c.model.outputs.toJSON().some(o => o.output_type === 'error'));
+                return !running && (allRan || failed) && panel.sessionContext.session.kernel.status === 'idle';
+            }""",
+            timeout=RUN_ALL_TIMEOUT_MS,
+        )
+    except Exception as err:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "run-all-timeout.png"))
+        prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
+        raise AssertionError(f"Run All Cells did not finish in {RUN_ALL_TIMEOUT_MS / 1000:.0f} s; "
+                             f"prompts: {prompts}; screenshot: run-all-timeout.png") from err
+
+
+def error_outputs(page) -> list[str]:
+    """Text of every error output (a raised exception) in the open notebook."""
+    return page.evaluate(
+        """() => {
+            const panel = window.jupyterapp.shell.currentWidget;
+            const errors = [];
+            for (const cell of panel.content.widgets) {
+                if (cell.model.type !== 'code') continue;
+                for (const out of cell.model.outputs.toJSON()) {
+                    if (out.output_type === 'error') errors.push(out.ename + ': ' + out.evalue);
+                }
+            }
+            for (const node of document.querySelectorAll(
+                    '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')) {
+                if (node.textContent.includes('Traceback')) errors.push(node.textContent.slice(0, 500));
+            }
+            return errors;
+        }"""
+    )
+
+
+def widget_errors(page) -> list[str]:
+    """Widgets that failed to render (JupyterLab shows this text instead of the widget)."""
+    texts = page.locator(".jp-OutputArea-output").all_inner_texts()
+    return [t for t in texts if "Error displaying widget" in t or "Failed to load model class" in t]
+
+
+def cell_of(page, selector: str):
+    """The notebook cell containing ``selector`` (for screenshots)."""
+    return page.locator(".jp-Cell", has=page.locator(selector)).first
+
+
+def shot(locator, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    locator.screenshot(path=str(path))
+    return path
+
+
+def check_playground(page, name: str) -> None:
+    """The playground renders; a slider change plus Run adds a table row and redraws the plot."""
+    root = page.locator(".course-playground").first
+    root.wait_for(state="visible")
+    for css in ("course-num-workers", "course-batch-size", "course-pin-memory", "course-prefetch-factor",
+                "course-persistent-workers", "course-n-batches", "course-run-button", "course-sweep-button",
+                "course-results-table", "course-plot"):
+        assert root.locator(f".{css}").count() == 1, f"playground part .{css} did not render"
+    root.scroll_into_view_if_needed()
+    shot(cell_of(page, ".course-playground"), f"{name}-playground-before")
+
+    rows_before = root.locator(".course-results-table tbody tr td:first-child").all_inner_texts()
+    rows_before = [r for r in rows_before if r.strip().isdigit()]
+    img = root.locator(".course-plot img")
+    src_before = img.get_attribute("src")
+    assert src_before, "the plot shows no image before the first run"
+
+    # Change a slider with the keyboard, as a learner could: num_workers 0 -> 1 enables prefetch_factor.
+    workers = root.locator(".course-num-workers")
+    before = workers.locator(".widget-readout").inner_text()
+    workers.locator(".noUi-handle").focus()
+    workers.locator(".noUi-handle").press("ArrowRight")
+    page.wait_for_function("([el, before]) => el.innerText.trim() !== before",
+                           arg=[workers.locator(".widget-readout").element_handle(), before])
+    assert workers.locator(".widget-readout").inner_text().strip() == str(int(before) + 1)
+    assert root.locator(".course-prefetch-factor .noUi-target[disabled]").count() == 0, \
+        "prefetch_factor should be enabled once num_workers > 0"
+
+    root.locator(".course-run-button button, button.course-run-button").first.click()
+    page.wait_for_function(
+        """([table, n]) => [...table.querySelectorAll('tbody tr td:first-child')]
+                .filter(td => /^\\d+$/.test(td.innerText.trim())).length === n + 1""",
+        arg=[root.locator(".course-results-table").element_handle(), len(rows_before)],
+        timeout=60_000,
+    )
+    page.wait_for_function(
+        """([root, src]) => { const img = root.querySelector('.course-plot img');
+                               return img && img.getAttribute('src') !== src; }""",
+        arg=[root.element_handle(), src_before], timeout=30_000,
+    )
+    status = root.locator(".course-status").inner_text()
+    assert "Failed" not in status, status
+    last_row = root.locator(".course-results-table tbody tr").last.inner_text()
+    assert "manual run" in last_row
+    root.scroll_into_view_if_needed()
+    shot(cell_of(page, ".course-playground"), f"{name}-playground-after-run")
+
+
+def check_tqdm_bars(page, name: str) -> int:
+    """Every tqdm notebook bar on the page reached 100% and was closed as a success; returns how many."""
+    # tqdm.notebook draws an HBox: [HTML "desc: 100%", FloatProgress, HTML "n/total [time, rate]"].
+    boxes = page.locator(".jp-OutputArea-output .widget-hbox:has(> .widget-hprogress)")
+    count = boxes.count()
+    for i in range(count):
+        box = boxes.nth(i)
+        text = box.inner_text()
+        assert "100%" in text, f"a tqdm bar did not complete: {text!r}"
+        done, total = re.search(r"(\d+)/(\d+)", text).groups()
+        assert done == total, f"a tqdm bar stopped at {done}/{total}"
+        assert box.locator(".progress-bar-success").count() == 1, "a completed tqdm bar is shown as success"
+    if count:
+        shot(cell_of(page, ".widget-hprogress"), f"{name}-tqdm")
+    return count
+
+
+# --- tests ------------------------------------------------------------------------------------------------
+def test_fixture_notebook_widgets_work_in_jupyterlab(page, lab_server):
+    open_notebook(page, lab_server, "fixture.ipynb")
+    run_all_cells(page)
+    assert error_outputs(page) == []
+    assert widget_errors(page) == []
+    assert "kernel ready" in cell_of(page, ".jp-OutputArea-output").inner_text()
+    check_playground(page, "fixture")
+    assert check_tqdm_bars(page, "fixture") >= 1, "the tqdm.auto loop did not render a notebook progress bar"
+    page.screenshot(path=str(SCREENSHOTS / "fixture-page.png"))
+
+
+@pytest.mark.parametrize("notebook", _lesson_notebooks() or [None],
+                         ids=[p.name for p in _lesson_notebooks()] or ["no-lesson-notebooks"])
+def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, notebook):
+    if notebook is None:
+        pytest.skip(f"no notebooks/{' or '.join(LESSON_PATTERNS)} yet")
+    rel = f"notebooks/{notebook.name}"
+    open_notebook(page, lab_server, rel)
+    run_all_cells(page)
+    page.screenshot(path=str(SCREENSHOTS / f"{notebook.stem}-page.png"), full_page=False)
+    assert error_outputs(page) == [], f"{rel} shows an error output"
+    assert widget_errors(page) == []
+    if page.locator(".course-playground").count():
+        check_playground(page, notebook.stem)
+    check_tqdm_bars(page, notebook.stem)
