@@ -135,9 +135,11 @@ class DeviceBatcher:
         self.drop_last, self.shuffle, self.padding = drop_last, shuffle, padding
         self.epoch = 0
         if mean is None or std is None:
-            stat_mean, stat_std = self._channel_stats()
-        mean_t = torch.tensor(mean, dtype=torch.float32) if mean is not None else stat_mean
-        std_t = torch.tensor(std, dtype=torch.float32) if std is not None else stat_std
+            mean_t, std_t = self._channel_stats()
+        if mean is not None:
+            mean_t = torch.tensor(mean, dtype=torch.float32)
+        if std is not None:
+            std_t = torch.tensor(std, dtype=torch.float32)
         if mean_t.numel() != channels or std_t.numel() != channels:
             raise ValueError(f"DeviceBatcher: mean/std need {channels} values (one per channel).")
         self.mean = mean_t.to(self.device).view(1, channels, 1, 1)
