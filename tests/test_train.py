@@ -175,6 +175,14 @@ def test_ckpt_path_none_writes_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_a_loader_without_resumable_sampler_warns_once(tmp_path: Path) -> None:
+    model, _, vl, cfg = _setup(tmp_path / "run", steps=4, eval_every=2)
+    plain = DataLoader(TensorDataset(torch.randn(16, 3, 2, 2), torch.randint(0, 4, (16,))), batch_size=8, shuffle=True)
+    with pytest.warns(UserWarning, match="ResumableSampler") as record:
+        train(model, plain, vl, cfg)
+    assert sum("ResumableSampler" in str(w.message) for w in record) == 1
+
+
 class _Killed(Exception):
     pass
 

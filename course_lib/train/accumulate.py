@@ -81,23 +81,32 @@ def backward_group(
     amp_dtype: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
     world_size: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | int]:
     """Forward + backward every micro-batch of one optimizer step; gradients end up as for one big batch.
 
     Does not step and does not zero the gradients (the caller does both at the group boundary).
-    Returns ``(loss sum over this rank's micro-batches (detached), group target count over all ranks)``.
+    Returns ``(loss sum over this rank's micro-batches (detached tensor), group target count over all ranks)``;
+    the count is an ``int`` when the targets were on the CPU, else a 0-d device tensor (no sync either way).
     """
     device = torch.device(device)
-    # 1. Count first: every micro-batch is divided by the count of the WHOLE group.
-    total = torch.stack([count_targets(b).to(device) for b in micro_batches]).sum()
+    # 1. Count first: every micro-batch is divided by the count of the WHOLE group. Targets still on the CPU are
+    #    counted there (a plain int: no GPU round trip); targets already on the device stay a device tensor.
+    counts = [count_targets(b) for b in micro_batches]
+    if all(c.device.type == "cpu" for c in counts):
+        total: torch.Tensor | int = int(sum(int(c) for c in counts))
+    else:
+        total = torch.stack([c.to(device) for c in counts]).sum()
     if world_size > 1:
-        total = all_reduce_sum(total)  # every rank divides by the global count
-    denominator = total.clamp_min(1).float() / world_size  # x world_size because DDP averages gradients
+        total = all_reduce_sum(torch.as_tensor(total, device=device))  # every rank divides by the global count
+    # x world_size because DDP *averages* gradients over ranks; clamp: a group of pure padding adds nothing.
+    denominator = (total.clamp_min(1).float() if isinstance(total, torch.Tensor) else float(max(total, 1))) / world_size
+    # no_sync must reach the DDP wrapper even when torch.compile wrapped it.
+    ddp_model = getattr(model, "_orig_mod", model)
     loss_sum = torch.zeros((), device=device)
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         # 2. Only the last backward of the group all-reduces gradients (no-op without DDP).
-        sync = no_sync_if(model, not last) if world_size > 1 else contextlib.nullcontext()
+        sync = no_sync_if(ddp_model, not last) if world_size > 1 else contextlib.nullcontext()
         with sync:
             with autocast(device, amp_dtype):
                 batch_loss, _ = loss_and_count(model, batch, device)
@@ -128,7 +137,7 @@ def train_accumulated(
     optimizer.zero_grad(set_to_none=True)
     total_loss = torch.zeros((), device=device)
     total_count = torch.zeros((), device=device, dtype=torch.long)
-    group_sizes: list[torch.Tensor] = []
+    group_sizes: list[torch.Tensor | int] = []
     iterator = iter(loader)
     while True:
         group = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from pathlib import Path
@@ -106,7 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print("config: " + json.dumps(cfg.resolved().to_dict()), flush=True)
+    is_main = os.environ.get("RANK", "0") == "0"  # under torchrun, only rank 0 talks
+    if is_main:
+        print("config: " + json.dumps(cfg.resolved().to_dict()), flush=True)
     from course_lib.train.run import run  # imported late: --help and config errors stay fast
 
     try:
@@ -114,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not is_main:
+        return 0
     out = Path(cfg.out)
     last_eval = next((r for r in reversed(history) if "val_loss" in r), None)
     if last_eval is not None:
