@@ -116,10 +116,12 @@ class Prediction:
             lines += ["", why]
         return "\n".join(lines)
 
-    def reveal(self, actual: str, why: str = "") -> bool:
-        """Show the guess next to the measured ``actual`` (and the explanation ``why``); return whether they match.
+    def reveal(self, actual: str, why: str = "") -> None:
+        """Show the guess next to the measured ``actual`` (and the explanation ``why``).
 
         For multiple-choice questions ``actual`` should be one of the choices, computed from the measurement.
+        Returns nothing (so a notebook cell ending with it shows only the Markdown); use :meth:`matches` for
+        the comparison itself.
         """
         if self.choices is not None and actual not in self.choices:
             raise ValueError(
@@ -127,7 +129,6 @@ class Prediction:
                 "as one of those strings."
             )
         say(self.reveal_markdown(actual, why))
-        return self.matches(actual)
 
 
 def predict(question: str, choices: Sequence[str] | None = None, default: str | None = None) -> Prediction:
