@@ -155,7 +155,12 @@ def setup(backend: str | None = None, device: str | torch.device = "auto") -> Di
 
 
 def teardown() -> None:
-    """Leave the process group (if one was initialised). Call once at the end of the script, on every rank."""
+    """Leave the process group (if one was initialised). Call once at the end of the script, on every rank.
+
+    Let the DDP/FSDP model go first (e.g. train inside a function that has returned): DDP's reducer holds
+    the process group, and destroying the group under a live reducer can abort the process at exit with
+    ``terminate called without an active exception`` (seen intermittently with gloo).
+    """
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
 

@@ -1,0 +1,172 @@
+"""A data-parallel training step you can watch: ``python -m course_lib.ddp_demo --strategy ddp|fsdp|none``.
+
+Run it under torchrun (or the notebook's ``%%torchrun -n 2`` cell magic)::
+
+    torchrun --standalone --nproc_per_node=2 -m course_lib.ddp_demo --strategy ddp
+
+and read what each rank prints:
+
+1. **Sharded data.** ``DistributedSampler`` gives each rank a disjoint slice of the (shuffled) dataset;
+   ``set_epoch(e)`` reshuffles differently each epoch, identically on every rank (forget it and every epoch
+   repeats the same order).
+2. **Effective batch and LR.** Each rank loads ``--batch`` samples per step, so one optimizer step sees
+   ``batch x world_size`` samples; the learning rate is scaled from the one tuned at ``--base-batch``.
+3. **Gradient all-reduce.** Each rank computes a *different* loss on its own samples, yet after
+   ``backward()`` DDP has averaged the gradients, so every rank applies the same update and the parameters
+   stay identical (checked with an ``all_gather``). With ``--strategy none`` nothing is averaged: the ranks
+   drift apart after one step — which is the bug DDP exists to prevent.
+4. **FSDP2 sharding.** With ``--strategy fsdp`` each rank *stores* only its shard of every parameter;
+   it prints how many elements it holds against the full model.
+5. **Rank-0 logging.** Summaries are printed by rank 0 only; per-rank lines say so explicitly.
+
+Everything the processes share (dataset, model) is defined at module scope, so it also works with the
+``spawn`` start method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from course_lib import distributed as dist
+
+IN_FEATURES = 16
+HIDDEN = 32
+CLASSES = 4
+
+
+class DemoMLP(nn.Module):
+    """A small residual MLP without dropout or BatchNorm, so every rank computes exactly the same function.
+
+    The hidden blocks sit in an ``nn.ModuleList``, which ``wrap_model(strategy="fsdp")`` shards block by block.
+    """
+
+    def __init__(self, n_blocks: int = 2) -> None:
+        super().__init__()
+        self.inp = nn.Linear(IN_FEATURES, HIDDEN)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, HIDDEN), nn.GELU())
+                                    for _ in range(n_blocks))
+        self.out = nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.out(h)
+
+
+def make_dataset(n: int = 256, seed: int = 0) -> TensorDataset:
+    """A fixed synthetic classification set (same on every rank: built from a seed, not shared memory)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, IN_FEATURES, generator=g)
+    y = (x[:, :CLASSES] * 2).argmax(dim=1)
+    return TensorDataset(x, y)
+
+
+def _flat_params(model: nn.Module) -> torch.Tensor:
+    """All parameters as one vector (full tensors: FSDP2 shards are gathered first, a collective)."""
+    parts = []
+    for p in model.parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p  # DTensor under FSDP2
+        parts.append(full.detach().reshape(-1).float().cpu())
+    return torch.cat(parts)
+
+
+def _same_on_all_ranks(vector: torch.Tensor, world_size: int) -> bool:
+    """Gather every rank's vector with ``all_gather`` and compare them exactly (bitwise)."""
+    if world_size == 1:
+        return True
+    gathered = [torch.empty_like(vector) for _ in range(world_size)]
+    torch.distributed.all_gather(gathered, vector)
+    return all(torch.equal(gathered[0], other) for other in gathered[1:])
+
+
+def _local_numel(model: nn.Module) -> int:
+    """Elements this rank actually stores: the local shard under FSDP2, the full tensor otherwise."""
+    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m course_lib.ddp_demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--strategy", choices=dist.STRATEGIES, default="ddp")
+    parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps per epoch")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--base-lr", type=float, default=0.05, help="LR tuned for --base-batch samples per step")
+    parser.add_argument("--base-batch", type=int, default=8)
+    parser.add_argument("--lr-rule", choices=dist.LR_RULES, default="linear")
+    args = parser.parse_args(argv)
+    for name in ("batch", "steps", "epochs", "base_batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1")
+    return args
+
+
+def demo(ctx: dist.DistContext, args: argparse.Namespace) -> None:
+    """One small training run with the per-rank and rank-0 prints described in the module docstring."""
+
+    def log(message: str) -> None:  # rank-0 logging: one copy of every summary, not world_size copies
+        if ctx.is_main:
+            print(message, flush=True)
+
+    def say(message: str) -> None:  # deliberately per rank, tagged
+        print(f"rank {ctx.rank}/{ctx.world_size}: {message}", flush=True)
+
+    dataset = make_dataset()
+    global_batch = args.batch * ctx.world_size
+    lr = dist.scaled_lr(args.base_lr, args.base_batch, global_batch, rule=args.lr_rule)
+    log(f"strategy={args.strategy} world_size={ctx.world_size} backend={ctx.backend} device={ctx.device}")
+    log(f"effective batch = {args.batch} per rank x {ctx.world_size} ranks = {global_batch}; "
+        f"lr = {args.base_lr} x ({global_batch}/{args.base_batch}, {args.lr_rule} rule) = {lr:.4g}")
+
+    torch.manual_seed(0)  # same seed on every rank: identical initial weights (DDP also broadcasts rank 0's)
+    model = DemoMLP()
+    full_numel = sum(p.numel() for p in model.parameters())
+    model = dist.wrap_model(model, ctx, strategy=args.strategy)
+    if args.strategy == "fsdp":
+        local = _local_numel(model)
+        say(f"stores {local} of {full_numel} parameter elements ({100 * local / full_numel:.1f}%) [fsdp shard]")
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+
+    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
+        say(f"epoch {epoch} first sample indices {list(sampler)[:4]}")
+        for step, (x, y) in enumerate(loader):
+            if step == args.steps:
+                break
+            x, y = x.to(ctx.device), y.to(ctx.device)
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP/FSDP average the gradients across ranks here
+            optimizer.step()
+            say(f"epoch {epoch} step {step} local loss {loss.item():.4f} (differs per rank: different samples)")
+            mean_loss = dist.all_reduce_mean(loss.detach().clone())
+            log(f"epoch {epoch} step {step} mean loss over ranks {mean_loss.item():.4f}")
+
+    equal = _same_on_all_ranks(_flat_params(model), ctx.world_size)
+    log(f"parameters identical on all ranks after training: {'yes' if equal else 'NO'}")
+    if args.strategy == "none" and ctx.world_size > 1:
+        log("(strategy none: gradients were never averaged, so each rank trained its own model)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    ctx = dist.setup()
+    try:
+        # Training lives in its own function so the model, optimizer and loader (and DDP's reducer, which holds
+        # the process group) are freed *before* the process group is destroyed.
+        demo(ctx, args)
+    finally:
+        dist.teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
