@@ -116,8 +116,6 @@ def _loaders() -> tuple[DataLoader, DataLoader]:
 
 @check_for("12", "tiny fit; load_best restores the best checkpoint", points=2)
 def fit_and_load_best(ns: dict[str, Any]) -> None:
-    import lightning as L
-
     make = need(ns, "make_callbacks", "define `make_callbacks(dirpath, patience=3, min_delta=1e-3)`")
     load_best = need(ns, "load_best", "define `load_best(trainer, cls)` returning a model loaded from the best checkpoint")
     module = _module(ns, lr=0.05)
