@@ -68,8 +68,8 @@ NO_WORKERS_REASON = (
 )
 PERSISTENT_HINT = "persistent_workers only pays off from the 2nd epoch: set epochs to 2 to see it."
 
-_TABLE_COLUMNS = ("#", "what", "workers", "batch", "pin", "prefetch", "persistent", "epochs", "batches",
-                  "samples/s", "× run 1", "1st batch s", "total s", "host RSS MB")
+_TABLE_COLUMNS = ("#", "what", "workers", "batch", "pin", "prefetch", "persist.", "epochs", "batches",
+                  "samples/s", "× run 1", "1st batch s", "total s", "RSS MB")
 
 
 def default_dataset() -> Dataset:
@@ -91,8 +91,10 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 def results_table_html(rows: list[dict[str, Any]]) -> str:
     """The results as an HTML table; ``× run 1`` is samples/s relative to the first measured row."""
-    cell = "padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap"
-    head = "".join(f'<th style="{cell};font-weight:600">{c}</th>' for c in _TABLE_COLUMNS)
+    cell = "padding:2px 6px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap"
+    left = ";text-align:left;white-space:normal;min-width:140px;max-width:230px"  # the "what" column wraps
+    head = "".join(f'<th style="{cell}{left if j == 1 else ""};font-weight:600">{c}</th>'
+                   for j, c in enumerate(_TABLE_COLUMNS))
     notes: list[str] = []  # why a row was skipped, listed under the table
     if not rows:
         body = f'<tr><td colspan="{len(_TABLE_COLUMNS)}" style="{cell};text-align:left;color:#666">' \
@@ -105,21 +107,22 @@ def results_table_html(rows: list[dict[str, Any]]) -> str:
             ratio = f"×{sps / base:.2f}" if sps and base else "–"
             what = r.get("label") or "manual run"
             if r.get("skipped"):
-                what += " (skipped, see note below)"
+                what += " (skipped, see below)"
                 notes.append(f"#{i}: {r['skipped']}")
             values = [str(i), what, _fmt(r.get("num_workers")), _fmt(r.get("batch_size")), _fmt(r.get("pin_memory")),
                       _fmt(r.get("prefetch_factor")), _fmt(r.get("persistent_workers")), _fmt(r.get("epochs", 1)),
                       _fmt(r.get("batches")), _fmt(sps, 1), ratio, _fmt(r.get("first_batch_s"), 3),
                       _fmt(r.get("total_s"), 3), _fmt(r.get("host_rss_mb"), 0)]
             tds = "".join(
-                f'<td style="{cell}{";text-align:left" if j == 1 else ""}">{html.escape(v) if j == 1 else v}</td>'
+                f'<td style="{cell}{left if j == 1 else ""}">{html.escape(v) if j == 1 else v}</td>'
                 for j, v in enumerate(values)
             )
             lines.append(f"<tr>{tds}</tr>")
         body = "".join(lines)
     foot = "".join(f'<div style="color:#555;font-size:12px">{html.escape(n)}</div>' for n in notes)
-    return f'<table style="border-collapse:collapse;font-size:12px"><thead><tr>{head}</tr></thead>' \
-           f"<tbody>{body}</tbody></table>{foot}"
+    # Scroll sideways rather than overflow the notebook cell when the output area is narrow.
+    return f'<div style="overflow-x:auto"><table style="border-collapse:collapse;font-size:12px;line-height:1.3">' \
+           f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{foot}"
 
 
 def samples_per_s_png(rows: list[dict[str, Any]]) -> bytes:

@@ -53,11 +53,23 @@ def _lesson_notebooks() -> list[Path]:
 # --- fixtures -----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def served_root(tmp_path_factory) -> Path:
-    """A served folder with the fixture notebook and a *copy* of notebooks/ (the repository's files stay clean)."""
+    """A served folder shaped like the repository, so the repository's own files stay clean.
+
+    ``notebooks/`` is *copied* (running cells through the UI changes them), the project's marker files are copied
+    (lessons find the project root by ``pyproject.toml``), and the read-only folders lessons look into are
+    linked. Anything a lesson writes (runs, checkpoints) lands in this temporary folder.
+    """
+    shutil.rmtree(SCREENSHOTS, ignore_errors=True)  # only this run's screenshots, nothing stale
     root = tmp_path_factory.mktemp("lab-root")
     (root / "fixture.ipynb").write_text(json.dumps(FIXTURE_NOTEBOOK))
     if (REPO / "notebooks").is_dir():
         shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    for name in ("pyproject.toml", "README.md"):
+        if (REPO / name).is_file():
+            shutil.copy2(REPO / name, root / name)
+    for name in ("exercises", "solutions", "docs"):
+        if (REPO / name).is_dir():
+            (root / name).symlink_to(REPO / name, target_is_directory=True)
     return root
 
 
@@ -77,7 +89,7 @@ def browser_context(tmp_path_factory) -> Iterator[Any]:
         context = playwright.chromium.launch_persistent_context(
             str(tmp_path_factory.mktemp("chromium-profile")),  # a fresh user-data dir
             executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000},
+            viewport={"width": 1400, "height": 1700},  # tall enough for the whole playground
         )
         yield context
         context.close()
@@ -88,6 +100,11 @@ def page(browser_context, lab_server):
     page = browser_context.new_page()
     page.set_default_timeout(30_000)
     yield page
+    # Stop this notebook's kernel so the next notebook does not compete with it for the CPU.
+    page.evaluate("""async () => {
+        const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+        if (panel && panel.sessionContext) { await panel.sessionContext.shutdown(); }
+    }""")
     page.close()
 
 
@@ -240,6 +257,27 @@ def check_playground(page, name: str) -> None:
     shot(cell_of(page, ".course-playground"), f"{name}-playground-after-run")
 
 
+def check_experiment_order(page, name: str) -> None:
+    """The sweep button shows a tqdm bar inside the playground, which completes, and adds rows live."""
+    root = page.locator(".course-playground").first
+    rows = root.locator(".course-results-table tbody tr")
+    n_before = rows.count()
+    root.locator(".course-sweep-button").click()
+    root.locator(".course-sweep-progress .widget-hprogress").wait_for(state="visible", timeout=60_000)
+    page.wait_for_function(
+        "(root) => root.querySelector('.course-status').innerText.includes('done') || "
+        "root.querySelector('.course-status').innerText.includes('Failed')",
+        arg=root.element_handle(), timeout=120_000,
+    )
+    status = root.locator(".course-status").inner_text()
+    assert "done" in status, status
+    assert rows.count() > n_before + 2, "the experiment order should add one row per configuration"
+    text = root.locator(".course-sweep-progress .widget-hbox").first.inner_text()
+    assert "100%" in text, f"the sweep's progress bar did not complete: {text!r}"
+    root.scroll_into_view_if_needed()
+    shot(root, f"{name}-playground-after-sweep")
+
+
 def check_tqdm_bars(page, name: str) -> int:
     """Every tqdm notebook bar on the page reached 100% and was closed as a success; returns how many."""
     # tqdm.notebook draws an HBox: [HTML "desc: 100%", FloatProgress, HTML "n/total [time, rate]"].
@@ -266,6 +304,7 @@ def test_fixture_notebook_widgets_work_in_jupyterlab(page, lab_server):
     assert "kernel ready" in cell_of(page, ".jp-OutputArea-output").inner_text()
     check_playground(page, "fixture")
     assert check_tqdm_bars(page, "fixture") >= 1, "the tqdm.auto loop did not render a notebook progress bar"
+    check_experiment_order(page, "fixture")
     page.screenshot(path=str(SCREENSHOTS / "fixture-page.png"))
 
 
