@@ -25,6 +25,7 @@ import argparse
 import ipaddress
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -267,6 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(banner(cmd, requested_port=args.port), flush=True)
     process = subprocess.Popen(cmd.argv, env={**os.environ, **cmd.env})
+    if hasattr(signal, "SIGTERM"):
+        # A service manager or `timeout` stops us with SIGTERM: pass it on, so no orphaned server keeps the port.
+        signal.signal(signal.SIGTERM, lambda *_: process.terminate())
     while True:
         try:
             return process.wait()

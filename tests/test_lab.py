@@ -93,7 +93,7 @@ def test_busy_port_moves_on_or_fails_when_strict():
             lab.choose_port(port, strict=True)
 
 
-def test_dry_run_prints_the_command_without_the_token(tmp_path, capsys):
+def test_dry_run_prints_the_command_and_the_url(tmp_path, capsys):
     root = _notebook_tree(tmp_path)
     assert lab.main(["--port", str(lab.free_port()), "--notebook-dir", str(root), "--no-browser", "--dry-run"]) == 0
     out = capsys.readouterr().out
