@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -167,8 +168,10 @@ def generate_shapes(
     """Generate the shapes dataset under ``root`` (idempotent) and return ``root``.
 
     ``n_train`` and ``n_val`` are images *per class*; ``image_size`` is the stored side length in pixels.
-    If ``root/meta.json`` exists with the same parameters nothing is done. ``meta.json`` is written last, so an
-    interrupted generation (no marker) is wiped and redone on the next call.
+    If ``root/meta.json`` exists with the same parameters nothing is done. Otherwise the images are written to a
+    private scratch folder beside ``root``, ``meta.json`` last, and the folder is renamed to ``root`` in one
+    step: an interrupted generation leaves no half-filled ``root`` (it is redone on the next call), and two
+    processes generating at once (say, parallel test workers) never see each other's partial files.
     """
     for name, value, low in (("n_train", n_train, 1), ("n_val", n_val, 1), ("image_size", image_size, 8)):
         if not isinstance(value, int) or value < low:
@@ -182,21 +185,57 @@ def generate_shapes(
     }
     if is_complete(root, params):
         return root
-    for split in SPLITS:  # a partial or outdated generation: start clean
-        shutil.rmtree(root / split, ignore_errors=True)
-    (root / META_FILE).unlink(missing_ok=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_scratch(root)
+    scratch = root.parent / f".{root.name}.partial-{os.getpid()}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        _write_images(scratch, params, progress=progress, label=str(root))
+        if is_complete(root, params):  # another process finished first: keep its copy
+            return root
+        shutil.rmtree(root, ignore_errors=True)  # an outdated or interrupted generation
+        try:
+            os.rename(scratch, root)  # atomic on one filesystem
+        except OSError:
+            if not is_complete(root, params):
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return root
 
+
+def _remove_abandoned_scratch(root: Path) -> None:
+    """Delete scratch folders left by generations that were killed (their process no longer exists)."""
+    for folder in root.parent.glob(f".{root.name}.partial-*"):
+        pid = folder.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _write_images(folder: Path, params: dict, *, progress: bool, label: str) -> None:
+    """Draw and save every image of ``params`` under ``folder``, then write ``meta.json``."""
+    n_train, n_val, image_size, seed = params["n_train"], params["n_val"], params["image_size"], params["seed"]
+    for split in SPLITS:
+        for name in CLASS_NAMES:
+            (folder / split / name).mkdir(parents=True, exist_ok=True)
     jobs = [(split, c, i) for split, n in (("train", n_train), ("val", n_val))
             for c in range(len(CLASS_NAMES)) for i in range(n)]
     channel_sum = np.zeros(3)
     channel_sq = np.zeros(3)
-    for split in SPLITS:
-        for name in CLASS_NAMES:
-            (root / split / name).mkdir(parents=True, exist_ok=True)
-    for split, c, i in tqdm(jobs, desc=f"generating shapes in {root}", unit="img", disable=not progress,
+    for split, c, i in tqdm(jobs, desc=f"generating shapes in {label}", unit="img", disable=not progress,
                             mininterval=0.5):
         image = draw_shape(CLASS_NAMES[c], _image_rng(seed, split, c, i), image_size)
-        image.save(root / split / CLASS_NAMES[c] / f"{i}.jpg", format="JPEG", quality=quality)
+        image.save(folder / split / CLASS_NAMES[c] / f"{i}.jpg", format="JPEG", quality=params["quality"])
         if split == "train":  # statistics for Normalize, from the training split only
             pixels = np.asarray(image, dtype=np.float64).reshape(-1, 3) / 255.0
             channel_sum += pixels.mean(0)
@@ -212,10 +251,7 @@ def generate_shapes(
         "mean": [round(float(m), 4) for m in mean],
         "std": [round(float(s), 4) for s in std],
     }
-    tmp = root / (META_FILE + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2))
-    tmp.replace(root / META_FILE)  # atomic: the marker exists only once every image is on disk
-    return root
+    (folder / META_FILE).write_text(json.dumps(meta, indent=2))  # last: marks the folder complete
 
 
 def shapes_root(root: str | Path | None = None) -> Path:
