@@ -169,6 +169,14 @@ def test_training_is_deterministic_and_logs_what_it_promises(tmp_path: Path) -> 
     assert (tmp_path / "a" / "ckpt.pt").is_file()
 
 
+def test_bf16_autocast_and_disabled_clipping_still_train_and_log_the_norm(tmp_path: Path) -> None:
+    model, tl, vl, cfg = _setup(tmp_path / "run", steps=3, amp_dtype="bf16", clip=None)
+    history = train(model, tl, vl, cfg, ckpt_path=None)
+    train_lines = [r for r in history if "loss" in r]
+    assert len(train_lines) == 3
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in train_lines)
+
+
 def test_ckpt_path_none_writes_nothing(tmp_path: Path) -> None:
     model, tl, vl, cfg = _setup(tmp_path / "run", steps=2)
     train(model, tl, vl, cfg, ckpt_path=None)

@@ -79,8 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The config for these arguments; on ``--resume`` the checkpoint's config with explicit overrides."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if getattr(args, f.name) is not None}
-    if "clip" in given and given["clip"] == 0:
-        given["clip"] = 0.0
     if args.resume:
         out = Path(given.get("out", TrainConfig.__dataclass_fields__["out"].default))
         ckpt = out / CHECKPOINT_FILE
@@ -110,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     is_main = os.environ.get("RANK", "0") == "0"  # under torchrun, only rank 0 talks
     if is_main:
         print("config: " + json.dumps(cfg.resolved().to_dict()), flush=True)
-    from course_lib.train.run import run  # imported late: --help and config errors stay fast
+    from course_lib.train.run import run  # imported late: the data package loads only when a run starts
 
     try:
         history = run(cfg, resume=args.resume)

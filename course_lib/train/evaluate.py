@@ -15,11 +15,11 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from course_lib.device import autocast
 from course_lib.train.accumulate import IGNORE_INDEX, move_batch
-import torch.nn.functional as F
 
 
 def evaluate(
