@@ -1,8 +1,8 @@
-"""A data-parallel training step you can watch: ``python -m course_lib.ddp_demo --strategy ddp|fsdp|none``.
+"""A data-parallel training step you can watch: ``python -m course_lib.ddp_demo --strategy ddp|fsdp|none ...``.
 
 Run it under torchrun (or the notebook's ``%%torchrun -n 2`` cell magic)::
 
-    torchrun --standalone --nproc_per_node=2 -m course_lib.ddp_demo --strategy ddp
+    torchrun --standalone --nproc_per_node=2 -m course_lib.ddp_demo --strategy ddp fsdp none
 
 and read what each rank prints:
 
@@ -93,7 +93,8 @@ def _local_numel(model: nn.Module) -> int:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m course_lib.ddp_demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--strategy", choices=dist.STRATEGIES, default="ddp")
+    parser.add_argument("--strategy", choices=dist.STRATEGIES, nargs="+", default=["ddp"],
+                        help="one or more, run one after the other in the same process group (e.g. ddp fsdp none)")
     parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per epoch")
     parser.add_argument("--epochs", type=int, default=2)
@@ -107,8 +108,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def demo(ctx: dist.DistContext, args: argparse.Namespace) -> None:
-    """One small training run with the per-rank and rank-0 prints described in the module docstring."""
+def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> None:
+    """One small training run with ``strategy``, with the per-rank and rank-0 prints of the module docstring."""
 
     def log(message: str) -> None:  # rank-0 logging: one copy of every summary, not world_size copies
         if ctx.is_main:
@@ -120,15 +121,15 @@ def demo(ctx: dist.DistContext, args: argparse.Namespace) -> None:
     dataset = make_dataset()
     global_batch = args.batch * ctx.world_size
     lr = dist.scaled_lr(args.base_lr, args.base_batch, global_batch, rule=args.lr_rule)
-    log(f"strategy={args.strategy} world_size={ctx.world_size} backend={ctx.backend} device={ctx.device}")
+    log(f"strategy={strategy} world_size={ctx.world_size} backend={ctx.backend} device={ctx.device}")
     log(f"effective batch = {args.batch} per rank x {ctx.world_size} ranks = {global_batch}; "
         f"lr = {args.base_lr} x ({global_batch}/{args.base_batch}, {args.lr_rule} rule) = {lr:.4g}")
 
     torch.manual_seed(0)  # same seed on every rank: identical initial weights (DDP also broadcasts rank 0's)
     model = DemoMLP()
     full_numel = sum(p.numel() for p in model.parameters())
-    model = dist.wrap_model(model, ctx, strategy=args.strategy)
-    if args.strategy == "fsdp":
+    model = dist.wrap_model(model, ctx, strategy=strategy)
+    if strategy == "fsdp":
         local = _local_numel(model)
         say(f"stores {local} of {full_numel} parameter elements ({100 * local / full_numel:.1f}%) [fsdp shard]")
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
@@ -152,7 +153,7 @@ def demo(ctx: dist.DistContext, args: argparse.Namespace) -> None:
 
     equal = _same_on_all_ranks(_flat_params(model), ctx.world_size)
     log(f"parameters identical on all ranks after training: {'yes' if equal else 'NO'}")
-    if args.strategy == "none" and ctx.world_size > 1:
+    if strategy == "none" and ctx.world_size > 1:
         log("(strategy none: gradients were never averaged, so each rank trained its own model)")
 
 
@@ -162,7 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Training lives in its own function so the model, optimizer and loader (and DDP's reducer, which holds
         # the process group) are freed *before* the process group is destroyed.
-        demo(ctx, args)
+        for strategy in args.strategy:
+            demo(ctx, args, strategy)
     finally:
         dist.teardown()
     return 0

@@ -66,6 +66,8 @@ def torchrun_command(
 ) -> list[str]:
     """The launcher command line: one host, ``nproc`` processes, every output line tagged with its rank.
 
+    ``script`` is a file, or ``"-m package.module"`` to run a module.
+
     ``--tee 3`` copies both stdout and stderr of each worker to the console with the prefix
     ``[rankR]: `` (``--log-line-prefix-template``); the log files go to ``log_dir``.
     ``rdzv_endpoint`` (``HOST:PORT``) replaces ``--standalone`` with the multi-node style c10d rendezvous.
@@ -80,10 +82,13 @@ def torchrun_command(
         "--tee=3",
         f"--log-dir={log_dir}",
         f"--log-line-prefix-template={RANK_PREFIX_TEMPLATE}",
-        str(script),
-        *script_args,
     ]
-    return cmd
+    target = str(script)
+    if target.startswith("-m "):  # a module, as with `python -m`
+        cmd += ["-m", target[3:].strip()]
+    else:
+        cmd.append(target)
+    return cmd + list(script_args)
 
 
 def _validate(nproc: int, timeout: float | None) -> None:
@@ -125,7 +130,10 @@ def run_torchrun(
     env: dict[str, str] | None = None,
     rdzv_endpoint: str | None = None,
 ) -> tuple[int, str]:
-    """Run Python code (a string, or the path of a ``.py`` file) under ``torchrun``; return ``(returncode, output)``.
+    """Run Python code under ``torchrun``; return ``(returncode, output)``.
+
+    ``code_or_path``: source code (a string), the path of a ``.py`` file, or ``"-m package.module"`` (e.g.
+    ``run_torchrun("-m course_lib.ddp_demo", script_args=["--strategy", "fsdp"])``).
 
     * ``output`` is stdout and stderr of the launcher and every rank, interleaved as they arrived; rank lines
       start with ``[rankR]: ``.
@@ -138,8 +146,9 @@ def run_torchrun(
     A non-zero return code is *returned*, not raised: the caller decides (the magic raises).
     """
     _validate(nproc, timeout)
+    module = isinstance(code_or_path, str) and code_or_path.startswith("-m ") and "\n" not in code_or_path
     looks_like_path = isinstance(code_or_path, os.PathLike) or (
-        "\n" not in code_or_path and code_or_path.strip().endswith(".py")
+        isinstance(code_or_path, str) and "\n" not in code_or_path and code_or_path.strip().endswith(".py")
     )
     path = Path(code_or_path) if looks_like_path else None
     if path is not None and not path.is_file():
@@ -152,10 +161,15 @@ def run_torchrun(
         child_env.update(env)
 
     with tempfile.TemporaryDirectory(prefix="course_torchrun_") as tmp:
-        if path is None:
-            path = Path(tmp) / "cell.py"
-            path.write_text(str(code_or_path), encoding="utf-8")
-        cmd = torchrun_command(path, nproc=nproc, log_dir=Path(tmp) / "logs", script_args=script_args,
+        target: str | Path
+        if module:
+            target = str(code_or_path)
+        elif path is not None:
+            target = path
+        else:
+            target = Path(tmp) / "cell.py"
+            target.write_text(str(code_or_path), encoding="utf-8")
+        cmd = torchrun_command(target, nproc=nproc, log_dir=Path(tmp) / "logs", script_args=script_args,
                                rdzv_endpoint=rdzv_endpoint)
         proc = subprocess.Popen(
             cmd,
