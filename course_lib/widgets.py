@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import os
 import traceback
 from typing import Any, Callable
 
@@ -190,7 +189,9 @@ class LoaderPlayground(widgets.VBox):
         self.plot_version = 0  # bumped on every redraw (tests and curious learners can watch it)
         self._last_traceback = ""
         cuda = self.device.type == "cuda"
-        cores = os.cpu_count() or 1
+        from course_lib.perf.loaders import usable_cores
+
+        cores = usable_cores()  # the cores this process may use (container/affinity limits), not the machine's
         sizes = [b for b in BATCH_SIZES if b <= self.n_samples]
         batch = by_mode(smoke=16, full=64)
         batch = batch if batch in sizes else sizes[-1]
@@ -200,7 +201,7 @@ class LoaderPlayground(widgets.VBox):
 
         self.num_workers = widgets.IntSlider(value=0, min=0, max=cores, description="num_workers", style=wide,
                                              layout=layout, tooltip="worker processes that load batches in parallel "
-                                             f"(0 = the main process; this machine reports {cores} cores)")
+                                             f"(0 = the main process; {cores} cores are usable here)")
         self.batch_size = widgets.Dropdown(options=sizes, value=batch, description="batch_size", style=wide,
                                            layout=widgets.Layout(width="260px"))
         self.pin_memory = widgets.Checkbox(value=False, description="pin_memory", disabled=not cuda, style=wide,
