@@ -11,7 +11,6 @@ the concatenation of the group's micro-batches would. The checks run both on sha
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
 
 import torch
