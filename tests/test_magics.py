@@ -14,11 +14,10 @@ from course_lib.magics import TorchrunError, _parse_magic_line, run_torchrun, to
 
 REPO = Path(__file__).resolve().parents[1]
 
-HELLO_CELL = """%%torchrun -n 2 --timeout 180
-import course_lib.distributed as dist
-ctx = dist.setup()
-print(f"hello from rank {ctx.rank} of {ctx.world_size}")
-dist.teardown()
+# The lesson's demo, as a notebook runs it: every rank prints "rank R/W: ..." lines, rank 0 the summaries.
+DEMO_CELL = """%%torchrun -n 2 --timeout 240
+from course_lib import ddp_demo
+ddp_demo.main(["--strategy", "ddp", "fsdp", "none", "--epochs", "1"])
 """
 
 FAILING_CELL = """%%torchrun -n 2 --timeout 180
@@ -92,23 +91,38 @@ def test_timeout_raises() -> None:
 
 @pytest.mark.distributed
 def test_cell_magic_in_a_real_kernel() -> None:
-    """A kernel loads the extension; a 2-rank cell streams both ranks' lines; a failing rank raises in the cell."""
+    """A kernel loads the extension; a 2-rank cell streams both ranks' lines; a failing rank raises in the cell.
+
+    The 2-rank cell is the DDP/FSDP2 demo: DDP keeps the replicas identical, FSDP2 stores part of the parameters on
+    each rank, and without gradient averaging ('none') the ranks drift apart.
+    """
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell("%load_ext course_lib.magics"),
-        nbformat.v4.new_code_cell(HELLO_CELL),
+        nbformat.v4.new_code_cell(DEMO_CELL),
         nbformat.v4.new_code_cell(FAILING_CELL),
     ]
     client = NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(REPO)}})
     client.execute()
 
-    load, hello, failing = nb.cells
+    load, demo, failing = nb.cells
     assert not [o for o in load.outputs if o.output_type == "error"]
-    text = "".join(o.get("text", "") for o in hello.outputs if o.output_type == "stream")
-    assert "[rank0]: hello from rank 0 of 2" in text
-    assert "[rank1]: hello from rank 1 of 2" in text
-    assert not [o for o in hello.outputs if o.output_type == "error"]
+    assert not [o for o in demo.outputs if o.output_type == "error"]
+    out = "".join(o.get("text", "") for o in demo.outputs if o.output_type == "stream")
+    assert "[rank0]: rank 0/2: epoch 0 first sample indices" in out  # tagged by torchrun, streamed to the cell
+    assert "[rank1]: rank 1/2: epoch 0 first sample indices" in out
+
+    verdicts = [line.split(": ")[-1] for line in out.splitlines() if "parameters identical on all ranks" in line]
+    assert verdicts == ["yes", "yes", "NO"]  # rank 0 alone prints it; 'none' never averages, so the ranks drift
+    assert out.count("effective batch = 8 per rank x 2 ranks = 16") == 3
+    shards = {line.split("indices")[1] for line in out.splitlines() if "epoch 0 first sample indices" in line}
+    assert len(shards) == 2  # DistributedSampler: each rank reads a different shard
+    shard_lines = [line for line in out.splitlines() if "[fsdp shard]" in line]
+    assert len(shard_lines) == 2
+    for line in shard_lines:
+        local, full = (int(w) for w in line.split("stores ")[1].split(" parameter")[0].split(" of "))
+        assert 0 < local < full
 
     errors = [o for o in failing.outputs if o.output_type == "error"]
     assert len(errors) == 1 and errors[0].ename == "TorchrunError"
