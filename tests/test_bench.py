@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from course_lib.perf.bench import gpt_flops_per_token, main, peak_flops
 
 
 @pytest.mark.slow
 def test_bench_tiny_writes_both_files(tmp_path) -> None:
-    code = main(["--tiny", "--out", str(tmp_path), "--only", "loops", "loaders", "in_memory", "compile", "precision",
+    threads = torch.get_num_threads()
+    code = main(["--tiny", "--threads", "1", "--out", str(tmp_path), "--only", "loops", "loaders", "in_memory", "compile", "precision",
                  "gpu"])
     report = json.loads((tmp_path / "latest.json").read_text())
     assert code == 0, report["errors"]
+    assert report["machine"]["torch_threads"] == 1 and torch.get_num_threads() == threads
     res = report["results"]
     for key in ("ratio_train_vs_minimal", "ratio_train_vs_lightning"):
         assert res["training_loops"][key] > 0

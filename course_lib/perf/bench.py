@@ -527,14 +527,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="run only these sections")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's peak bf16 TFLOP/s for MFU, when it is not in the built-in table")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's choice). On a machine shared with other work, "
+                             "1 avoids the stalls of oversubscribed OpenMP threads spinning for busy cores")
     args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads={args.threads} must be >= 1")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         parser.error(f"--peak-tflops={args.peak_tflops} must be > 0")
     preset = "tiny" if args.tiny else "quick" if args.quick else "full"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sections = args.only or ["loops", "loaders", "in_memory", "compile", "precision", "gpu"]
-    report = run_bench(preset, sections=sections, peak_tflops=args.peak_tflops, argv=argv)
+    previous_threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        report = run_bench(preset, sections=sections, peak_tflops=args.peak_tflops, argv=argv)
+    finally:
+        torch.set_num_threads(previous_threads)  # callers (notebooks, tests) keep their own setting
     (out / "latest.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     (out / "latest.md").write_text(to_markdown(report), encoding="utf-8")
     print(to_markdown(report))
