@@ -64,8 +64,14 @@ def run(cfg: TrainConfig, resume: bool = False) -> list[dict[str, Any]]:
     cfg.validate()
     ctx = distributed.setup(device=cfg.device)
     try:
-        train_loader, val_loader, model = build_data_and_model(cfg, ctx)
-        model = distributed.wrap_model(model, ctx, strategy="ddp")
-        return train(model, train_loader, val_loader, cfg, device=ctx.device, resume=resume)
+        return _build_and_train(cfg, ctx, resume)
     finally:
+        # The DDP model lives only inside _build_and_train: destroying the process group while a DDP module is
+        # still alive can abort the process at exit ("terminate called without an active exception").
         distributed.teardown()
+
+
+def _build_and_train(cfg: TrainConfig, ctx: distributed.DistContext, resume: bool) -> list[dict[str, Any]]:
+    train_loader, val_loader, model = build_data_and_model(cfg, ctx)
+    model = distributed.wrap_model(model, ctx, strategy="ddp")
+    return train(model, train_loader, val_loader, cfg, device=ctx.device, resume=resume)
