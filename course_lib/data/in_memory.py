@@ -12,6 +12,8 @@ which still prepares every batch on the host.)
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -80,7 +82,7 @@ def load_image_tensors(name: str = "shapes", *, root: str | Path | None = None, 
     val_images, val_labels = to_uint8_tensors(data.val, size=data.image_size, progress=progress)
     result = ImageTensors(train_images, train_labels, val_images, val_labels, tuple(data.mean), tuple(data.std),
                           list(data.class_names), data.image_size)
-    tmp = cache.with_suffix(".tmp")
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")  # per process: parallel test workers may build it at once
     torch.save({**result.__dict__, "mean": list(result.mean), "std": list(result.std)}, tmp)
     tmp.replace(cache)  # atomic: a reader never sees half a file
     return result
