@@ -70,11 +70,14 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
     if path is None or not Path(path).is_file():
         return [_failed(c, f"no notebook for exercise {number} was found", hint="save it as NN_topic.ipynb")
                 for c in checks]
+    # Two folders: the learner's code runs in `workdir`; its results go to `private`, out of the way of code that
+    # cleans up (or vandalises) its working directory.
     workdir = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-"))
+    private = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-results-"))
     try:
         copy = workdir / Path(path).name
         shutil.copyfile(path, copy)
-        results_file, log_file = workdir / ".results.jsonl", workdir / ".output.log"
+        results_file, log_file = private / "results.jsonl", private / "output.log"
         results_file.touch()
         command = [sys.executable, "-m", "course_lib.grading.worker", str(copy), number, str(results_file)]
         for directory in extra_dirs:
@@ -96,13 +99,18 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
         return _collect(checks, results_file, log_file, returncode, timeout_s)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def _collect(checks: list[Check], results_file: Path, log_file: Path, returncode: int | None,
              timeout_s: float) -> list[CheckResult]:
     done: dict[int, CheckResult] = {}
     fatal = None
-    for line in results_file.read_text(encoding="utf-8", errors="replace").splitlines():
+    try:
+        lines = results_file.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:  # removed by the learner's code: nothing it reported counts
+        lines = []
+    for line in lines:
         try:
             record = json.loads(line)
             if "fatal" in record:

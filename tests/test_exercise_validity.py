@@ -1,0 +1,57 @@
+"""Every exercise is gradable: its checks all fail on the generated stub and all pass on the solution.
+
+Both versions go through the isolated grader (a fresh process per notebook, as `course grade` does), all notebooks
+in parallel, once per test session. `exercises/` must also be exactly what the builder generates.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from course_lib.grading import build
+from course_lib.grading.api import CheckResult
+from course_lib.grading.notebook import exercise_number
+from course_lib.grading.runner import grade_notebooks
+
+REPO = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((REPO / "solutions").glob("[0-9][0-9]_*.ipynb"))
+TIMEOUT_S = 400  # generous: only a hang should ever reach it on a shared machine
+
+
+@pytest.fixture(scope="session")
+def graded() -> dict[str, dict[str, list[CheckResult]]]:
+    """``{"solution"|"exercise": {number: results}}`` graded in one parallel batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = max(2, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {
+            kind: pool.submit(grade_notebooks, {exercise_number(p): folder / p.name for p in SOLUTIONS},
+                              timeout_s=TIMEOUT_S, jobs=jobs)
+            for kind, folder in (("solution", REPO / "solutions"), ("exercise", REPO / "exercises"))
+        }
+        return {kind: f.result() for kind, f in futures.items()}
+
+
+def test_exercises_folder_is_up_to_date() -> None:
+    stale = build.build(REPO / "solutions", REPO / "exercises", check_only=True)
+    assert not stale, f"exercises/ is out of date for {stale}: run `python -m course_lib build-exercises`"
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
+def test_every_check_passes_on_the_solution(solution: Path, graded: dict) -> None:
+    results = graded["solution"][exercise_number(solution)]
+    assert results, f"{solution.name} has no checks (add course_lib/grading/checks/ex{exercise_number(solution)}_*.py)"
+    failing = [f"{r.name}: {r.message} (hint: {r.hint}; expected {r.expected}, got {r.got})" for r in results if not r.passed]
+    assert not failing, "\n".join(failing)
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
+def test_every_check_fails_on_the_stub(solution: Path, graded: dict) -> None:
+    results = graded["exercise"][exercise_number(solution)]
+    assert results
+    passing = [r.name for r in results if r.passed]
+    assert not passing, f"these checks pass on the unsolved exercise, so they grade nothing: {passing}"

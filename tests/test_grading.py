@@ -1,0 +1,238 @@
+"""The grading machinery on a toy exercise: builder, isolated runner, `check` and `grade` commands."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.grading import build, notebook
+from course_lib.grading.api import CheckFailed, check_for, run_check, Check
+from course_lib.grading.grade import main as grade_main
+from course_lib.grading.runner import grade_notebook
+
+REPO = Path(__file__).resolve().parents[1]
+
+TOY_CHECKS = '''
+from course_lib.grading.api import CheckFailed, check_for, need
+
+@check_for("90", "doubles")
+def doubles(ns):
+    double = need(ns, "double", "define `double(x)` in the exercise cell")
+    if double(21) != 42:
+        raise CheckFailed("double(21) is wrong", hint="multiply by two", expected=42, got=double(21))
+
+@check_for("90", "halves", points=2)
+def halves(ns):
+    half = need(ns, "half", "define `half(x)` in the exercise cell")
+    if half(9) != 4.5:
+        raise CheckFailed("half(9) is wrong", expected=4.5, got=half(9))
+'''
+
+
+def toy_notebook(path: Path, double_body: str = "return 2 * x", half_body: str = "return x / 2",
+                 regions: bool = True) -> Path:
+    """A solution-style notebook for exercise 90 with two regions in two exercise cells."""
+    def region(what: str, body: str) -> str:
+        return f"    ### BEGIN SOLUTION: {what}\n    {body}\n    ### END SOLUTION" if regions else f"    {body}"
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cells = [
+        nbformat.v4.new_markdown_cell("# Toy"),
+        nbformat.v4.new_code_cell("import math\n%matplotlib inline"),
+        nbformat.v4.new_code_cell("def double(x):\n" + region("return twice x", double_body)),
+        nbformat.v4.new_code_cell("print(double(3))"),
+        nbformat.v4.new_code_cell("def half(x):\n" + region("return half of x", half_body)),
+        nbformat.v4.new_code_cell('from course_lib.grading import check\ncheck("90", globals())'),
+    ]
+    for cell, tag in zip(cells, [None, "setup", "exercise", None, "exercise", "check"]):
+        if tag:
+            cell.metadata["tags"] = [tag]
+    nb.cells = cells
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture()
+def extra(tmp_path: Path) -> Path:
+    folder = tmp_path / "instructor"
+    folder.mkdir()
+    (folder / "toy_checks.py").write_text(TOY_CHECKS)
+    return folder
+
+
+# ---------------------------------------------------------------- builder
+
+
+def test_regions_become_numbered_stubs_at_their_indentation() -> None:
+    code = "def f():\n    x = 1\n    ### BEGIN SOLUTION: compute y\n    y = 2\n    ### END SOLUTION\n    return y"
+    out, count = notebook.replace_regions(code, "07", start=3)
+    assert count == 1
+    assert out == 'def f():\n    x = 1\n    raise NotImplementedError("Exercise 07.3: compute y")\n    return y'
+
+
+@pytest.mark.parametrize("code, problem", [
+    ("### BEGIN SOLUTION: a\nx = 1", "never closed"),
+    ("x = 1\n### END SOLUTION", "without BEGIN"),
+    ("### BEGIN SOLUTION:\nx\n### END SOLUTION", "say what to do"),
+    ("### BEGIN SOLUTION: a\n### BEGIN SOLUTION: b\n### END SOLUTION", "inside another"),
+])
+def test_malformed_regions_are_reported(code: str, problem: str) -> None:
+    with pytest.raises(notebook.NotebookError, match=problem):
+        notebook.replace_regions(code, "01", start=1)
+
+
+def test_build_numbers_regions_across_cells_and_check_mode_detects_drift(tmp_path: Path) -> None:
+    toy_notebook(tmp_path / "solutions" / "90_toy.ipynb")
+    solutions, exercises = tmp_path / "solutions", tmp_path / "exercises"
+    assert build.main(["--solutions", str(solutions), "--exercises", str(exercises), "--check"]) == 1
+    assert build.main(["--solutions", str(solutions), "--exercises", str(exercises)]) == 0
+    text = (exercises / "90_toy.ipynb").read_text()
+    assert "Exercise 90.1: return twice x" in text and "Exercise 90.2: return half of x" in text
+    assert "return 2 * x" not in text and "%matplotlib inline" in text
+    assert build.main(["--solutions", str(solutions), "--exercises", str(exercises), "--check"]) == 0
+    assert (exercises / "90_toy.ipynb").read_text() == text  # deterministic
+    (exercises / "90_toy.ipynb").write_text(text.replace("Toy", "Edited by hand"))
+    assert build.main(["--solutions", str(solutions), "--exercises", str(exercises), "--check"]) == 1
+
+
+def test_build_rejects_an_exercise_cell_without_region(tmp_path: Path) -> None:
+    toy_notebook(tmp_path / "solutions" / "90_toy.ipynb", regions=False)
+    assert build.main(["--solutions", str(tmp_path / "solutions"), "--exercises", str(tmp_path / "ex")]) == 2
+
+
+# ---------------------------------------------------------------- one check
+
+
+def test_run_check_turns_every_ending_into_a_result() -> None:
+    def stub(ns: dict) -> None:
+        raise NotImplementedError("Exercise 90.1: do it")
+
+    def wrong(ns: dict) -> None:
+        raise CheckFailed("off by one", hint="count from zero", expected=[0, 1], got=[1, 2])
+
+    def exits(ns: dict) -> None:
+        sys.exit(3)
+
+    def crashes(ns: dict) -> None:
+        raise KeyError("x")
+
+    results = {f.__name__: run_check(Check("90", f.__name__, 1, f, "test"), {}) for f in (stub, wrong, exits, crashes)}
+    assert results["stub"].message == "not attempted yet: Exercise 90.1: do it"
+    assert (results["wrong"].hint, results["wrong"].expected, results["wrong"].got) == ("count from zero", "[0, 1]", "[1, 2]")
+    assert "sys.exit(3)" in results["exits"].message
+    assert "KeyError" in results["crashes"].message
+    assert not any(r.passed for r in results.values())
+
+
+# ---------------------------------------------------------------- isolated runner
+
+
+def test_solution_passes_and_stub_fails_in_isolation(tmp_path: Path, extra: Path) -> None:
+    toy_notebook(tmp_path / "solutions" / "90_toy.ipynb")
+    build.build(tmp_path / "solutions", tmp_path / "exercises")
+    good = grade_notebook(tmp_path / "solutions" / "90_toy.ipynb", "90", extra_dirs=[extra], timeout_s=60)
+    stub = grade_notebook(tmp_path / "exercises" / "90_toy.ipynb", "90", extra_dirs=[extra], timeout_s=60)
+    assert [r.passed for r in good] == [True, True]
+    assert [r.message for r in stub] == ["not attempted yet: Exercise 90.1: return twice x",
+                                        "not attempted yet: Exercise 90.2: return half of x"]
+
+
+def test_wrong_answer_gets_message_hint_and_diff(tmp_path: Path, extra: Path) -> None:
+    path = toy_notebook(tmp_path / "90_toy.ipynb", double_body="return x + 2")
+    first, second = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=60)
+    assert not first.passed and second.passed
+    assert (first.message, first.hint, first.expected, first.got) == ("double(21) is wrong", "multiply by two", "42", "23")
+
+
+@pytest.mark.parametrize("body, message", [
+    ("while True: pass", "timed out"),
+    ("import os; os._exit(7)", "exit code 7"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "ended early"),
+])
+def test_hostile_code_fails_checks_without_hanging_the_grader(tmp_path: Path, extra: Path, body: str,
+                                                              message: str) -> None:
+    # The statement runs when the cell is loaded, before any check.
+    path = toy_notebook(tmp_path / "90_toy.ipynb", double_body="return 2 * x\n" + body)
+    nb = json.loads(path.read_text())
+    nb["cells"][2]["source"] = "".join(nb["cells"][2]["source"]) + "\n" + body
+    path.write_text(json.dumps(nb))
+    results = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=8)
+    assert len(results) == 2 and not any(r.passed for r in results)
+    assert all(message in r.message for r in results)
+
+
+def test_sys_exit_in_a_cell_and_invalid_json_are_failed_checks(tmp_path: Path, extra: Path) -> None:
+    path = toy_notebook(tmp_path / "90_toy.ipynb")
+    nb = json.loads(path.read_text())
+    nb["cells"][4]["source"] = "import sys\nsys.exit(0)"
+    path.write_text(json.dumps(nb))
+    doubles, halves = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=60)
+    assert doubles.passed and not halves.passed and "sys.exit" in halves.message
+    path.write_text("{ not json")
+    results = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=60)
+    assert not any(r.passed for r in results) and "not a valid notebook" in results[0].message
+
+
+# ---------------------------------------------------------------- grade command
+
+
+def test_grade_a_class_folder(tmp_path: Path, extra: Path) -> None:
+    subs = tmp_path / "class"
+    toy_notebook(subs / "ada" / "90_toy.ipynb")
+    (subs / "bob").mkdir(parents=True)  # submitted nothing
+    (subs / "cy").mkdir()
+    (subs / "cy" / "90_toy.ipynb").write_text("{ broken")
+    toy_notebook(subs / "dee" / "90_toy.ipynb", double_body="while True: pass")  # a hang fails the notebook
+    toy_notebook(subs / "eve" / "90_toy.ipynb", half_body="import os; os._exit(0)")
+    # A hostile one deletes what it can reach from its working directory (a temporary one).
+    toy_notebook(subs / "fay" / "90_toy.ipynb", double_body="import shutil; shutil.rmtree('.', ignore_errors=True); return 2 * x")
+    out = tmp_path / "grades.csv"
+    code = grade_main([str(subs), "--out", str(out), "--exercises", "90", "--extra-tests", str(extra),
+                       "--timeout", "8", "--jobs", "3"])
+    assert code == 0
+    rows = {row["student"]: row for row in csv.DictReader(out.open())}
+    assert {s: (rows[s]["ex90"], rows[s]["total"], rows[s]["max"]) for s in rows} == {
+        "ada": ("3", "3", "3"), "bob": ("0", "0", "3"), "cy": ("0", "0", "3"), "dee": ("0", "0", "3"),
+        "eve": ("1", "1", "3"), "fay": ("3", "3", "3"),
+    }
+    assert (subs / "ada" / "90_toy.ipynb").exists() and (subs / "fay" / "90_toy.ipynb").exists()
+
+
+def test_grade_rejects_a_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        grade_main([str(tmp_path / "nope"), "--out", str(tmp_path / "g.csv")])
+
+
+# ---------------------------------------------------------------- check command and in-notebook check
+
+
+def test_check_command_exit_code(tmp_path: Path) -> None:
+    solved, todo = tmp_path / "solved", tmp_path / "todo"
+    solved.mkdir()
+    todo.mkdir()
+    shutil.copy(REPO / "solutions" / "02_bottleneck.ipynb", solved)
+    shutil.copy(REPO / "exercises" / "02_bottleneck.ipynb", todo)
+    run = [sys.executable, "-m", "course_lib", "check", "02", "--timeout", "240"]
+    ok = subprocess.run(run + ["--notebooks", str(solved)], capture_output=True, text=True, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "FAIL" not in ok.stdout
+    bad = subprocess.run(run + ["--notebooks", str(todo)], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 1
+    assert "not attempted yet: Exercise 02.1" in bad.stdout
+
+
+def test_in_notebook_check_raises_assertion_error_and_names_the_missing_function(capsys: pytest.CaptureFixture) -> None:
+    from course_lib.grading import check
+
+    with pytest.raises(AssertionError, match="exercise 02"):
+        check("02", {})
+    assert "define `loader_config(cores, device_type)`" in capsys.readouterr().out
