@@ -96,7 +96,10 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
                 except (ProcessLookupError, PermissionError):
                     pass
                 proc.wait()
-        return _collect(checks, results_file, log_file, returncode, timeout_s)
+        results = _collect(checks, results_file, log_file, returncode, timeout_s)
+        for result in results:  # name the learner's file, not the temporary copy
+            result.message = result.message.replace(str(copy), str(path))
+        return results
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
