@@ -100,7 +100,7 @@ def test_two_processes_follow_the_single_process_trajectory(tmp_path: Path) -> N
     template's DDP path: sharded sampler, target count all-reduced per group, no_sync on the first micro-batch.
     """
     from course_lib.train import TrainConfig
-    from course_lib.train.run import run
+    from course_lib.train.launch import run
 
     common = dict(model="gpt", dataset="text", steps=STEPS, log_every=1, eval_every=5, device="cpu",
                   amp_dtype="fp32", seed=0)

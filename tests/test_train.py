@@ -229,6 +229,20 @@ def test_cli_options_are_generated_from_the_config() -> None:
             "--compile", "--no-compile", "--resume", "--dataset", "--model", "--device", "--seed"} <= options
 
 
+def test_cli_clip_none_disables_clipping_and_absent_options_keep_defaults() -> None:
+    parser = train_cli.build_parser()
+    cfg = train_cli.config_from_args(parser.parse_args(["--clip", "none", "--steps", "7"]))
+    assert cfg.clip is None and cfg.steps == 7
+    assert train_cli.config_from_args(parser.parse_args([])).clip == TrainConfig().clip
+
+
+def test_run_stays_the_function_after_its_module_is_imported() -> None:
+    import course_lib.train
+    import course_lib.train.launch  # noqa: F401 - importing the module must not shadow the function
+
+    assert callable(course_lib.train.run) and course_lib.train.run is run
+
+
 def test_cli_rejects_bad_values_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert train_cli.main(["--bs", "0", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -24,8 +24,8 @@ from course_lib.train.schedule import lr_at
 
 
 def run(cfg: TrainConfig, resume: bool = False) -> list[dict]:
-    """Build data + model from ``cfg`` and train (see :func:`course_lib.train.run.run`)."""
-    from course_lib.train.run import run as _run  # the data package is imported only when a run starts
+    """Build data + model from ``cfg`` and train (see :func:`course_lib.train.launch.run`)."""
+    from course_lib.train.launch import run as _run  # the data package is imported only when a run starts
 
     return _run(cfg, resume=resume)
 

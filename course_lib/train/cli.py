@@ -67,18 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
     for field in dataclasses.fields(TrainConfig):
         flag = "--" + field.name.replace("_", "-")
         kind = _parser_type(field)
-        # default=None = "not given": the dataclass default (or the checkpoint's value on --resume) applies.
+        # An option not given is absent from the namespace (SUPPRESS), so the dataclass default (or the checkpoint's
+        # value on --resume) applies, while an explicit `--clip none` still means None.
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=_HELP.get(field.name))
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=_HELP.get(field.name))
         else:
-            parser.add_argument(flag, type=kind, default=None, metavar=field.name.upper(), help=_HELP.get(field.name))
+            parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=field.name.upper(),
+                                help=_HELP.get(field.name))
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The config for these arguments; on ``--resume`` the checkpoint's config with explicit overrides."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if getattr(args, f.name) is not None}
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     if args.resume:
         out = Path(given.get("out", TrainConfig.__dataclass_fields__["out"].default))
         ckpt = out / CHECKPOINT_FILE
@@ -108,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     is_main = os.environ.get("RANK", "0") == "0"  # under torchrun, only rank 0 talks
     if is_main:
         print("config: " + json.dumps(cfg.resolved().to_dict()), flush=True)
-    from course_lib.train.run import run  # imported late: the data package loads only when a run starts
+    from course_lib.train.launch import run  # imported late: the data package loads only when a run starts
 
     try:
         history = run(cfg, resume=args.resume)

@@ -111,7 +111,7 @@ def kill_and_resume(ns: dict[str, Any]) -> None:
     kill = need(ns, "kill_at_halfway", "define `kill_at_halfway(cfg)` in the exercise cell")
     resume = need(ns, "resume", "define `resume(cfg)` in the exercise cell")
     from course_lib.train.config import TrainConfig
-    from course_lib.train.run import run  # the function (the package attribute `run` can be shadowed by the submodule)
+    from course_lib.train import run
 
     with tempfile.TemporaryDirectory() as tmp:
         tiny = dict(steps=8, eval_every=4, log_every=1, bs=8, device="cpu", seed=3, lr=3e-3)
