@@ -13,7 +13,6 @@ which still prepares every batch on the host.)
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
