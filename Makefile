@@ -24,9 +24,12 @@ data: setup
 lab: data
 	$(PY) -m course_lib lab --port $(PORT) --notebook-dir $(NOTEBOOK_DIR)
 
+# The tests use their own small data cache inside the repository (smoke sizes), never the learner's.
+TEST_ENV := COURSE_MODE=smoke COURSE_DATA_DIR=$(CURDIR)/.cache/data
+
 test: setup
-	COURSE_MODE=smoke $(PY) -m course_lib data prepare --quiet
-	COURSE_MODE=smoke $(PY) -m pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m course_lib data prepare --quiet
+	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 doctor: setup
 	$(PY) -m course_lib doctor
