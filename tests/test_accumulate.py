@@ -12,13 +12,7 @@ from course_lib.models import GPTConfig, Net, TinyGPT
 from course_lib.train import accumulation_groups, backward_group, loss_and_count, train_accumulated
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a small shared CPU, two OpenMP threads contend and tiny ops get many times slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -22,13 +22,7 @@ from course_lib.train import (
 from course_lib.train import checkpoint as checkpoint_module
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a small shared CPU, two OpenMP threads contend and tiny ops get many times slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(seed: int = 0) -> Net:

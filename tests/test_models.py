@@ -9,13 +9,7 @@ import torch.nn.functional as F
 from course_lib.models import Block, GPTConfig, Net, SmallCNN, TinyGPT, build_model
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a small shared CPU, two OpenMP threads contend and tiny ops get many times slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_block_keeps_shape_and_is_residual() -> None:

@@ -25,13 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 THROUGHPUT_KEYS = ("examples_per_s", "tokens_per_s")  # measured, so never identical between two runs
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a small shared CPU, two OpenMP threads contend and tiny ops get many times slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _without_timing(records: list[dict]) -> list[dict]:

@@ -24,7 +24,7 @@ import os
 import random
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, BinaryIO, Callable, Sequence
 
 import numpy as np
 import torch
@@ -81,14 +81,19 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> Path:
-    """``torch.save(obj, path)`` that either fully replaces ``path`` or leaves it untouched."""
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Run ``write(f)`` into a temporary file beside ``path``, fsync it, then rename it over ``path``.
+
+    Either the whole new file is there or the old one is untouched: a kill at any moment never leaves half a
+    checkpoint. The temporary file lives in the same directory because a rename is atomic only within one
+    filesystem.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp_name, path)
@@ -100,6 +105,11 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
         raise
     _fsync_directory(path.parent)
     return path
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> Path:
+    """``torch.save(obj, path)`` that either fully replaces ``path`` or leaves it untouched."""
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def save_checkpoint(
@@ -245,21 +255,5 @@ def load_checkpoint(
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Replace a small text file atomically (same temp-file + fsync + rename recipe as the checkpoint)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_directory(path.parent)
-    return path
+    """Replace a small text file atomically (the same recipe as the checkpoint)."""
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
