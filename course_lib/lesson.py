@@ -188,6 +188,11 @@ def _unit_kind(unit: str) -> str:
     return "other"
 
 
+def _fmt(value: float) -> str:
+    """Three significant digits, without scientific notation for large values (``61,619`` not ``6.16e+04``)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 def ratio(value_a: float, value_b: float) -> float:
     """``value_b / value_a``, checking that both are finite and positive (measurements, not placeholders)."""
     for name, value in (("value_a", value_a), ("value_b", value_b)):
@@ -207,7 +212,7 @@ def ratio_sentence(
     """
     r = ratio(value_a, value_b)
     kind = _unit_kind(unit)
-    numbers = f"({value_b:.3g} vs {value_a:.3g} {unit})"
+    numbers = f"({_fmt(value_b)} vs {_fmt(value_a)} {unit})"
     if abs(r - 1.0) <= tolerance:
         what = {"rate": "speed", "time": "time", "memory": "memory"}.get(kind, "value")
         return f"On this machine, {name_b} and {name_a} were about the same {what} {numbers}: within noise."

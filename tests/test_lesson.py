@@ -67,6 +67,8 @@ def test_ratio_sentence_directions() -> None:
     assert "bf16 used 1.3x less memory than fp32" in mem
     other = lesson.ratio_sentence("A", 1.0, "B", 3.0, "widgets")
     assert "3.0x higher" in other
+    big = lesson.ratio_sentence("A", 61619.4, "B", 9537.0, "samples/s")
+    assert "(9,537 vs 61,619 samples/s)" in big
     same = lesson.ratio_sentence("A", 100.0, "B", 102.0, "samples/s")
     assert "about the same" in same
 
