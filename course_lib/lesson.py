@@ -268,7 +268,7 @@ def gpu_note_markdown(text: str) -> str:
     if not text or not text.strip():
         raise ValueError("gpu_note() needs a non-empty text.")
     body = "\n".join(f"> {line}" if line.strip() else ">" for line in text.strip().splitlines())
-    return f"> **On a GPU** (this machine: measured on what it has)\n>\n{body}"
+    return f"> **What would differ on a GPU**\n>\n{body}"
 
 
 def gpu_note(text: str) -> None:

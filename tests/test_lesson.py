@@ -92,7 +92,7 @@ def test_outdated_html_escapes_code_and_names_the_fix() -> None:
 
 def test_gpu_note_and_recap_markdown() -> None:
     note = lesson.gpu_note_markdown("line one\n\nline two")
-    assert note.startswith("> **On a GPU**") and "> line two" in note
+    assert note.startswith("> **What would differ on a GPU**") and "> line two" in note
     text = lesson.recap_markdown(["point a", "point b"], exercise="exercises/02_bottleneck.ipynb")
     assert "- point a" in text and "python -m course_lib check 02" in text
     several = lesson.recap_markdown(["p"], exercise=["exercises/01_template.ipynb", "exercises/09_evaluate_sums.ipynb"])
