@@ -39,3 +39,15 @@ def test_tensorboard_trace_dir(tmp_path) -> None:
     assert result.trace_files and json.loads(result.trace_files[0].read_text())["traceEvents"]
     with pytest.raises(ValueError, match="steps"):
         profile_steps(step_fn, steps=1)
+
+
+def test_export_after_trace_dir_copies_the_handlers_trace(tmp_path) -> None:
+    trace_dir = tmp_path / "tb"
+    trace_dir.mkdir()
+    (trace_dir / "older_run.json").write_text("{}")  # a reused folder: not part of this run
+    result = profile_steps(step_fn, wait=0, warmup=1, active=1, trace_dir=trace_dir)
+    assert result.trace_files
+    assert all(p.name != "older_run.json" for p in result.trace_files)
+    path = export_chrome_trace(result, tmp_path / "copy.json")  # the profiler alone would say "already saved"
+    assert path.read_bytes() == result.trace_files[-1].read_bytes()
+    assert json.loads(path.read_text())["traceEvents"]

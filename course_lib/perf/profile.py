@@ -23,6 +23,7 @@ when ``trace_dir`` is given (``tensorboard_trace_handler``).
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -37,7 +38,11 @@ _ALIASES = {"self_cuda_time_total": "self_device_time_total", "cuda_time_total":
 
 @dataclass
 class ProfileResult:
-    """The finished profiler plus what the run wrote. ``table()`` prints torch's own summary table."""
+    """The finished profiler plus what the run wrote. ``table()`` prints torch's own summary table.
+
+    ``trace_files``: the JSON traces that ``tensorboard_trace_handler`` wrote during *this* run (empty without
+    ``trace_dir``).
+    """
 
     prof: Any
     steps: int
@@ -90,8 +95,10 @@ def profile_steps(
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
     handler = None
+    before: set[Path] = set()
     if trace_dir is not None:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        before = set(Path(trace_dir).glob("*.json"))  # a reused folder may hold older traces: not this run's
         handler = tensorboard_trace_handler(str(trace_dir))
     with profile(
         activities=activities,
@@ -104,7 +111,7 @@ def profile_steps(
         for _ in range(steps):
             step_fn()
             prof.step()  # tells the schedule that one step ended
-    files = sorted(Path(trace_dir).glob("*.json")) if trace_dir is not None else []
+    files = sorted(set(Path(trace_dir).glob("*.json")) - before) if trace_dir is not None else []
     return ProfileResult(prof=prof, steps=steps, activities=[a.name for a in activities], trace_files=files)
 
 
@@ -140,10 +147,19 @@ def format_rows(rows: list[dict[str, Any]], by: str = "value_ms") -> str:
 
 
 def export_chrome_trace(result: ProfileResult, path: str | Path) -> Path:
-    """Write the recorded window as a Chrome/Perfetto JSON trace and return its path."""
+    """Write the recorded window as a Chrome/Perfetto JSON trace and return its path.
+
+    torch's profiler can save a window's trace only once. When ``profile_steps`` ran with ``trace_dir``, the
+    handler has already saved it (``result.trace_files``), and asking the profiler again fails with "Trace is
+    already saved"; so the handler's file is copied instead. Either way the file at ``path`` holds the same trace.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    result.prof.export_chrome_trace(str(path))
+    if result.trace_files:
+        if result.trace_files[-1].resolve() != path.resolve():
+            shutil.copyfile(result.trace_files[-1], path)
+    else:
+        result.prof.export_chrome_trace(str(path))
     return path
 
 
