@@ -47,3 +47,12 @@ def test_measure_loader_shares_make_loader_validation() -> None:
         measure_loader(data, n_batches=1, batch_size=4, num_workers=0, prefetch_factor=2)
     with pytest.raises(ValueError, match="n_batches"):
         measure_loader(data, n_batches=10, batch_size=4)
+
+
+def test_steady_rate_excludes_each_epochs_first_batch() -> None:
+    data = SyntheticImages(n=24, shape=(3, 8, 8))
+    one = measure_loader(data, n_batches=1, batch_size=4)
+    assert one["steady_samples_per_s"] is None  # nothing is left after the first batch
+    two_epochs = measure_loader(data, n_batches=3, batch_size=4, epochs=2)
+    assert two_epochs["samples"] == 24 and two_epochs["steady_samples_per_s"] > 0
+    assert len(two_epochs["epoch_first_batch_s"]) == 2

@@ -84,6 +84,8 @@ def measure_loader(
     Returns the configuration plus:
 
     * ``samples_per_s``: samples delivered to the device per second, start-up included (what training sees);
+    * ``steady_samples_per_s``: the same after each epoch's first batch (start-up excluded: the rate a long
+      epoch settles at; ``None`` when each epoch has a single batch);
     * ``first_batch_s``: seconds from ``iter(loader)`` to the first batch of the first epoch (worker start-up);
     * ``epoch_first_batch_s``: the same for every epoch -- with ``persistent_workers`` the second is much smaller;
     * ``total_s``, ``samples``, ``batches``;
@@ -111,6 +113,7 @@ def measure_loader(
     clock = _timing._clock
     samples = batches = 0
     epoch_first: list[float] = []
+    steady_s, steady_samples = 0.0, 0
     workers_rss = 0.0
     rss = host_rss_mb()
     synchronize(device)
@@ -128,8 +131,15 @@ def measure_loader(
                     rss = host_rss_mb()
                     kids = psutil.Process().children(recursive=True)
                     workers_rss = sum(_safe_rss(k) for k in kids) / MB
-            samples += _batch_size_of(batch)
+            n = _batch_size_of(batch)
+            samples += n
             batches += 1
+            if i == 0:
+                t_first = clock()
+            else:
+                steady_samples += n
+        synchronize(device)
+        steady_s += clock() - t_first
         del it  # non-persistent workers shut down here; persistent ones wait for the next epoch
     synchronize(device)
     total = clock() - t_start
@@ -138,6 +148,7 @@ def measure_loader(
         "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "epochs": epochs,
         "device": str(device), "n_batches": n_batches, "batches": batches, "samples": samples,
         "total_s": total, "samples_per_s": samples / total if total > 0 else float("inf"),
+        "steady_samples_per_s": steady_samples / steady_s if steady_samples and steady_s > 0 else None,
         "first_batch_s": epoch_first[0], "epoch_first_batch_s": epoch_first,
         "host_rss_mb": rss, "workers_rss_mb": workers_rss,
     }
