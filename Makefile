@@ -6,7 +6,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8888
 NOTEBOOK_DIR ?= .
-PYTEST_ARGS ?=
+# Two test processes; each file (a notebook, the browser module) stays in one process, in order.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 
 .PHONY: setup data lab test doctor clean-notebooks exercises bench
 
