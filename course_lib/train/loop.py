@@ -149,7 +149,10 @@ def train(
 
     # --- the loop ---------------------------------------------------------------------------------------------
     model.train()
-    bar = tqdm(total=cfg.steps, initial=start_step, disable=not is_main, mininterval=2.0, desc="train", unit="step")
+    # disable=None: shown in a terminal and in a notebook, hidden when stderr is a pipe (torchrun, CI logs), where
+    # every redraw would arrive as one more line; the log lines carry the same information there.
+    bar = tqdm(total=cfg.steps, initial=start_step, disable=None if is_main else True, mininterval=2.0, desc="train",
+               unit="step")
     window_loss = torch.zeros((), device=device)  # loss SUM since the last log line, kept on the device
     window_count = torch.zeros((), device=device, dtype=torch.long)  # targets since the last log line
     window_examples, window_start = 0, time.perf_counter()
