@@ -52,10 +52,10 @@ class TrainConfig:
     (``None`` = a twentieth of ``steps``), ``out`` (run directory for ``metrics.jsonl`` and ``ckpt.pt``).
     """
 
-    lr: float = 1e-3
+    lr: float = 3e-3
     wd: float = 0.05
     warmup: int | None = None
-    steps: int = field(default_factory=lambda: by_mode(smoke=12, full=600))
+    steps: int = field(default_factory=lambda: by_mode(smoke=12, full=1000))
     bs: int = field(default_factory=lambda: by_mode(smoke=16, full=64))
     accum: int = 1
     clip: float | None = 1.0
