@@ -61,7 +61,7 @@ def resolve_amp_dtype(name: str | torch.dtype | None, device: torch.device | str
       fp32 on the CPU and MPS, where low-precision speed depends on the chip (the
       precision lesson measures it instead of assuming).
     * ``"bf16"`` / ``"fp16"`` / ``"fp32"``: exactly that (fp16 needs CUDA or MPS).
-    Torch dtypes are accepted too (``torch.bfloat16``), as in the seed's config.
+    Torch dtypes are accepted too (``torch.bfloat16``), as older configs often store them.
     """
     device = torch.device(device)
     if isinstance(name, torch.dtype):
