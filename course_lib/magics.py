@@ -83,6 +83,9 @@ def torchrun_command(
         f"--log-dir={log_dir}",
         f"--log-line-prefix-template={RANK_PREFIX_TEMPLATE}",
     ]
+    # Every rank starts through course_lib.torchrun_entry, which makes its output line-buffered so that tagged
+    # lines from different ranks never mix mid-line.
+    cmd += ["-m", "course_lib.torchrun_entry"]
     target = str(script)
     if target.startswith("-m "):  # a module, as with `python -m`
         cmd += ["-m", target[3:].strip()]
@@ -140,8 +143,9 @@ def run_torchrun(
     * ``on_line`` is called with each line as it arrives (the cell magic prints it); default: nothing.
     * ``timeout`` (seconds, ``None`` for none): past it, the whole job is killed and ``TorchrunError`` raised.
       ``KeyboardInterrupt`` (interrupting the kernel) also kills the whole job, then propagates.
-    * ``env`` is added to this process's environment (which the ranks inherit). Output is unbuffered so
-      lines arrive live, and ``OMP_NUM_THREADS`` defaults to 1 per rank (what torchrun would set anyway).
+    * ``env`` is added to this process's environment (which the ranks inherit). Ranks write whole lines as soon
+      as they end (see :mod:`course_lib.torchrun_entry`), so output arrives live, and ``OMP_NUM_THREADS``
+      defaults to 1 per rank (what torchrun would set anyway).
 
     A non-zero return code is *returned*, not raised: the caller decides (the magic raises).
     """

@@ -49,7 +49,7 @@ def test_command_line_tags_ranks_and_supports_c10d() -> None:
                            rdzv_endpoint="127.0.0.1:29555")
     assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--standalone" not in cmd
     assert "--rdzv-backend=c10d" in cmd and "--rdzv-endpoint=127.0.0.1:29555" in cmd
-    assert cmd[-4:] == ["-m", "course_lib.ddp_demo", "--strategy", "ddp"]
+    assert cmd[-6:] == ["-m", "course_lib.torchrun_entry", "-m", "course_lib.ddp_demo", "--strategy", "ddp"]
     assert any(part.startswith("--log-line-prefix-template=[rank") for part in cmd)
 
 
@@ -127,3 +127,18 @@ def test_cell_magic_in_a_real_kernel() -> None:
     errors = [o for o in failing.outputs if o.output_type == "error"]
     assert len(errors) == 1 and errors[0].ename == "TorchrunError"
     assert "exited with code" in errors[0].evalue and "rank 1 gives up" in errors[0].evalue
+
+
+def test_rank_entry_runs_the_target_with_its_arguments_and_line_buffered_output(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text("import sys\nprint(sys.argv[1:], sys.stdout.line_buffering, sys.stdout.write_through)\n")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # what the launcher sets; the entry must still buffer by line
+    out = subprocess.run([sys.executable, "-m", "course_lib.torchrun_entry", str(script), "--a", "1"],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == "['--a', '1'] True False"
+    module = subprocess.run([sys.executable, "-m", "course_lib.torchrun_entry", "-m", "course_lib.ddp_demo", "--help"],
+                            capture_output=True, text=True, env=env)
+    assert module.returncode == 0 and "--strategy" in module.stdout
