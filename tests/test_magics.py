@@ -142,3 +142,11 @@ def test_rank_entry_runs_the_target_with_its_arguments_and_line_buffered_output(
     module = subprocess.run([sys.executable, "-m", "course_lib.torchrun_entry", "-m", "course_lib.ddp_demo", "--help"],
                             capture_output=True, text=True, env=env)
     assert module.returncode == 0 and "--strategy" in module.stdout
+    failing = tmp_path / "fails.py"
+    failing.write_text("print('before')\nraise RuntimeError('boom')\n")
+    failed = subprocess.run([sys.executable, "-m", "course_lib.torchrun_entry", str(failing)],
+                            capture_output=True, text=True, env=env)
+    assert failed.returncode == 1 and failed.stdout == "before\n" and "RuntimeError: boom" in failed.stderr
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(3)\n")
+    assert subprocess.run([sys.executable, "-m", "course_lib.torchrun_entry", str(exits)]).returncode == 3
