@@ -31,6 +31,9 @@ from course_lib import mode
 __all__ = [
     "Prediction",
     "predict",
+    "explain",
+    "use_course_threads",
+    "SKIP_CHOICE",
     "say",
     "ratio",
     "ratio_sentence",
@@ -78,65 +81,132 @@ def say(markdown: str) -> None:
 # --------------------------------------------------------------------------------------------------------
 # Predict -> measure -> explain
 # --------------------------------------------------------------------------------------------------------
+SKIP_CHOICE = "skip: just show me"
+
+
 @dataclass
 class Prediction:
-    """A guess recorded before a measurement; :meth:`reveal` compares it with what was measured.
+    """A question asked before a measurement; :meth:`reveal` compares the learner's answer with what was measured.
 
-    ``answer`` reads the widget at the moment you ask, so a learner can change their mind until the
-    measurement cell runs. In smoke mode (and outside a live kernel) there is no widget and the answer
-    is ``default``.
+    Nothing is pre-selected. In a live notebook the reveal waits for the answer: when :meth:`reveal` runs before the
+    learner has answered (Run All), it shows a placeholder that turns into the comparison the moment they answer.
+    Once answered, the question is replaced by plain text (so a saved notebook reopens without widget errors).
+    Without a live kernel (nbval, a rendered site) nobody can answer: the reveal says so plainly. ``default`` is an
+    answer recorded for smoke-mode runs only, so the comparison branch is exercised in tests.
     """
 
     question: str
     choices: tuple[str, ...] | None = None
     default: str = ""
     widget: Any = field(default=None, repr=False)
+    _question_handle: Any = field(default=None, repr=False)
+    _pending: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def answer(self) -> str:
-        """The learner's current answer (the widget's value, or the default without a widget)."""
+        """The learner's answer ("" when none was given; :data:`SKIP_CHOICE` when they chose not to predict)."""
         if self.widget is not None:
             value = self.widget.value
             return "" if value is None else str(value)
-        return self.default
+        return self.default if mode.is_smoke() else ""
 
-    def matches(self, actual: str) -> bool:
+    @property
+    def answered(self) -> bool:
+        """True once the learner (or a smoke-mode recording) has committed to an answer."""
+        return bool(self.answer.strip())
+
+    def matches(self, actual: str | None) -> bool:
         """Whether the answer equals ``actual`` (case and surrounding spaces ignored)."""
-        return self.answer.strip().lower() == str(actual).strip().lower()
+        return actual is not None and self.answer.strip().lower() == str(actual).strip().lower()
 
-    def reveal_markdown(self, actual: str, why: str = "") -> str:
-        """The Markdown that :meth:`reveal` displays (pure, for tests)."""
-        answer = self.answer.strip() or "(no answer)"
-        lines = [f"**You predicted:** {answer}  ", f"**This machine measured:** {actual}"]
-        if self.choices is not None:
-            verdict = "Your prediction matched." if self.matches(actual) else "Not what you predicted: worth a second look."
-            lines[-1] += "  "
-            lines.append(f"*{verdict}*")
+    def reveal_markdown(self, actual: str | None, why: str = "") -> str:
+        """The Markdown of the reveal for the current answer (pure, for tests).
+
+        ``actual=None`` means the measurement could not decide (e.g. a busy machine): no choice is "right".
+        """
+        measured = actual if actual is not None else "could not be decided on this machine right now"
+        answer = self.answer.strip()
+        if not answer:
+            lines = ["**No prediction was made** (nobody answered the question above).  ",
+                     f"**This machine measured:** {measured}"]
+        elif answer == SKIP_CHOICE:
+            lines = ["**You chose not to predict.**  ", f"**This machine measured:** {measured}"]
+        else:
+            lines = [f"**You predicted:** {answer}  ", f"**This machine measured:** {measured}"]
+            if self.choices is not None and actual is not None:
+                verdict = "Your prediction matched." if self.matches(actual) else "Not what you predicted: worth a second look."
+                lines[-1] += "  "
+                lines.append(f"*{verdict}*")
         if why:
             lines += ["", why]
         return "\n".join(lines)
 
-    def reveal(self, actual: str, why: str = "") -> None:
-        """Show the guess next to the measured ``actual`` (and the explanation ``why``).
+    def _waiting_markdown(self) -> str:
+        return (
+            "**Your prediction is still open.** Answer the question above (or choose "
+            f"*{SKIP_CHOICE}*): what this machine measured appears here as soon as you do."
+        )
 
-        For multiple-choice questions ``actual`` should be one of the choices, computed from the measurement.
-        Returns nothing (so a notebook cell ending with it shows only the Markdown); use :meth:`matches` for
-        the comparison itself.
+    def _freeze_question(self) -> None:
+        """Replace the question widget by plain text showing the committed answer."""
+        if self._question_handle is None:
+            return
+        from IPython.display import Markdown
+
+        self._question_handle.update(Markdown(f"**Predict:** {self.question}  \n*Your answer:* {self.answer}"))
+        self._question_handle = None
+
+    def _on_answer(self, change: dict[str, Any]) -> None:
+        if not change.get("new"):
+            return
+        from IPython.display import Markdown
+
+        for handle, actual, why in self._pending:
+            handle.update(Markdown(self.reveal_markdown(actual, why)))
+        self._pending.clear()
+        self._freeze_question()
+
+    def reveal(self, actual: str | None, why: str = "") -> None:
+        """Show the answer next to the measured ``actual`` and the explanation ``why``.
+
+        For multiple-choice questions ``actual`` is one of the choices, computed from the measurement (use
+        :meth:`course_lib.perf.compare.Verdict.pick`), or ``None`` when the measurement could not decide.
+        Returns nothing (so a cell ending with it shows only the Markdown).
         """
-        if self.choices is not None and actual not in self.choices:
+        if self.choices is not None and actual is not None and actual not in self.choices:
             raise ValueError(
                 f"actual={actual!r} is not one of the choices {self.choices}; compute it from the measurement "
-                "as one of those strings."
+                "as one of those strings (or None when the measurement could not decide)."
             )
-        say(self.reveal_markdown(actual, why))
+        if self.widget is None or self.answered:
+            self._freeze_question()
+            say(self.reveal_markdown(actual, why))
+            return
+        from IPython.display import Markdown, display
+
+        handle = display(Markdown(self._waiting_markdown()), display_id=True)
+        self._pending[:] = [(handle, actual, why)]  # a re-run cell replaces the earlier placeholder
+
+
+def _choice_widget(options: tuple[str, ...]) -> Any:
+    """Toggle buttons as wide as their text, wrapping on narrow windows, full text in the tooltip."""
+    import ipywidgets as widgets
+
+    labels = list(options) + [SKIP_CHOICE]
+    return widgets.ToggleButtons(
+        options=labels,
+        value=None,
+        tooltips=labels,
+        style={"button_width": "auto"},
+        layout=widgets.Layout(display="flex", flex_flow="row wrap", width="100%"),
+    )
 
 
 def predict(question: str, choices: Sequence[str] | None = None, default: str | None = None) -> Prediction:
     """Ask the learner to commit to a guess before measuring; return a :class:`Prediction`.
 
-    ``choices``: a multiple-choice question (toggle buttons); ``None``: a free-text answer.
-    ``default``: the answer used in smoke mode and outside a live kernel (first choice if not given).
-    In a live notebook in full mode a widget is displayed; its value is read when you call ``reveal``.
+    ``choices``: a multiple-choice question (toggle buttons, none selected); ``None``: a free-text answer.
+    ``default``: the answer recorded in smoke mode (tests), never pre-selected for a learner.
     """
     if not question or not question.strip():
         raise ValueError("predict() needs a non-empty question.")
@@ -147,26 +217,66 @@ def predict(question: str, choices: Sequence[str] | None = None, default: str | 
             raise ValueError(f"choices={list(options)!r}: a multiple-choice question needs at least two choices.")
         if len(set(options)) != len(options):
             raise ValueError(f"choices={list(options)!r} contains duplicates; each choice must be distinct.")
-        if default is None:
-            default = options[0]
-        elif default not in options:
+        if SKIP_CHOICE in options:
+            raise ValueError(f"{SKIP_CHOICE!r} is added by predict() itself; leave it out of choices.")
+        if default is not None and default not in options:
             raise ValueError(f"default={default!r} is not one of the choices {list(options)!r}.")
-    default = "" if default is None else str(default)
-
-    prediction = Prediction(question=question, choices=options, default=default)
-    if mode.is_smoke() or not _in_live_kernel():
-        say(f"**Predict:** {question}  \n*(recorded answer: {default or '(none)'})*")
+    prediction = Prediction(question=question, choices=options, default="" if default is None else str(default))
+    if not _in_live_kernel():
+        listed = "" if options is None else "  \n" + "  \n".join(f"- {c}" for c in options)
+        say(f"**Predict:** {question}{listed}")
         return prediction
 
     import ipywidgets as widgets
+    from IPython.display import display
 
     if options is not None:
-        prediction.widget = widgets.ToggleButtons(options=list(options), value=default or None)
+        prediction.widget = _choice_widget(options)
     else:
-        prediction.widget = widgets.Text(value=default, placeholder="type your guess, then run the next cell")
+        prediction.widget = widgets.Text(
+            value="", placeholder="type your guess and press Enter", continuous_update=False,
+            layout=widgets.Layout(width="100%"),
+        )
+    prediction.widget.observe(prediction._on_answer, names="value")
     label = widgets.HTML(f"<b>Predict:</b> {html.escape(question)}")
-    _display(widgets.VBox([label, prediction.widget]))
+    prediction._question_handle = display(widgets.VBox([label, prediction.widget]), display_id=True)
     return prediction
+
+
+def use_course_threads() -> int:
+    """Apply the course's intra-op thread count (see :func:`course_lib.perf.compare.course_threads`) and say so."""
+    from course_lib.perf.compare import apply_course_threads
+
+    n = apply_course_threads()
+    print(f"Measuring with {n} intra-op thread{'s' if n != 1 else ''} (the course setting; lesson 01 explains why).")
+    return n
+
+
+def explain(
+    verdict: Any, *, faster: str, slower: str, too_close: str, busy: str = "", **values: Any
+) -> str:
+    """The explanation of a measured comparison: the verdict's sentence, then the branch for its outcome.
+
+    Every outcome needs its own text (``faster``/``slower`` say what ``a`` being faster/slower than ``b`` means,
+    ``too_close`` what a tie means), so no lesson can explain a direction the machine did not measure. Texts are
+    templates filled from the verdict (``{a}``, ``{b}``, ``{factor}``, ``{winner}``, ... see
+    :meth:`~course_lib.perf.compare.Verdict.fields`) and from ``values`` (facts that are not measurements).
+    A busy machine gets the verdict's own warning and ``busy`` (default: nothing more).
+    """
+    branches = {"faster": faster, "slower": slower, "too_close": too_close, "busy": busy}
+    for name in ("faster", "slower", "too_close"):
+        if not isinstance(branches[name], str) or not branches[name].strip():
+            raise ValueError(f"explain() needs a non-empty {name}= text: every outcome gets its own explanation.")
+    fields = {**{k: str(v) for k, v in values.items()}, **verdict.fields()}
+    template = branches[verdict.outcome]
+    try:
+        text = template.format_map(fields)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"the {verdict.outcome}= text uses {exc} which is neither a verdict field {sorted(verdict.fields())} "
+            "nor a keyword passed to explain()."
+        ) from None
+    return f"{verdict.sentence()} {text}".strip()
 
 
 # --------------------------------------------------------------------------------------------------------

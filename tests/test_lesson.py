@@ -19,18 +19,68 @@ def test_predict_smoke_uses_default_and_reveal_compares(capsys: pytest.CaptureFi
     assert "You predicted:** B" in text and "because of X" in text and "Not what you predicted" in text
 
 
-def test_predict_default_is_first_choice_and_free_text() -> None:
-    assert lesson.predict("q?", choices=["x", "y"]).answer == "x"
-    free = lesson.predict("How many?", default="3")
-    assert free.choices is None and free.answer == "3"
-    assert "You predicted:** 3" in free.reveal_markdown("7 measured")
+def test_nothing_is_preselected_and_an_unanswered_reveal_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = lesson.predict("q?", choices=["x", "y"])
+    assert p.answer == "" and not p.answered
+    text = p.reveal_markdown("y", "why")
+    assert "No prediction was made" in text and "You predicted" not in text and "matched" not in text
+    monkeypatch.setenv("COURSE_MODE", "full")
+    recorded = lesson.predict("How many?", default="3")
+    assert recorded.answer == ""  # a recorded answer is for smoke-mode tests only, never a learner's run
+    monkeypatch.setenv("COURSE_MODE", "smoke")
+    assert recorded.answer == "3" and "You predicted:** 3" in recorded.reveal_markdown("7 measured")
+
+
+def test_undecided_measurement_and_skipped_prediction() -> None:
+    p = lesson.Prediction("q?", choices=("A", "B"), default="A")
+    text = p.reveal_markdown(None, "busy")
+    assert "could not be decided" in text and "matched" not in text
+    skipped = lesson.Prediction("q?", choices=("A", "B"), default=lesson.SKIP_CHOICE)
+    assert "chose not to predict" in skipped.reveal_markdown("A")
+    with pytest.raises(ValueError, match="added by predict"):
+        lesson.predict("q?", choices=["A", lesson.SKIP_CHOICE])
+
+
+class FakeHandle:
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+
+    def update(self, obj: object) -> None:
+        self.shown.append(getattr(obj, "data", str(obj)))
+
+
+def test_reveal_waits_for_the_answer_then_updates_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    import IPython.display
+
+    class FakeWidget:
+        value = None
+
+    shown: list[str] = []
+    handles: list[FakeHandle] = []
+
+    def fake_display(obj: object, display_id: bool = False) -> FakeHandle:
+        shown.append(getattr(obj, "data", str(obj)))
+        handles.append(FakeHandle())
+        return handles[-1]
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    question = FakeHandle()
+    p = lesson.Prediction("Which is faster?", choices=("A", "B"), widget=FakeWidget(), _question_handle=question)
+    p.reveal("B", "because")
+    assert "still open" in shown[-1]
+    assert "because" not in shown[-1] and "measured" not in shown[-1]  # nothing spoiled before answering
+    FakeWidget.value = "A"
+    p._on_answer({"new": "A"})
+    assert "You predicted:** A" in handles[-1].shown[-1] and "Not what you predicted" in handles[-1].shown[-1]
+    assert "Your answer:* A" in question.shown[-1]  # the widget is replaced by text: a saved notebook reopens clean
+    assert p._pending == []
 
 
 def test_predict_answer_reads_the_widget_at_reveal_time() -> None:
     class FakeWidget:
         value = "B"
 
-    p = lesson.Prediction("q?", choices=("A", "B"), default="A", widget=FakeWidget())
+    p = lesson.Prediction("q?", choices=("A", "B"), widget=FakeWidget())
     assert p.answer == "B"
     FakeWidget.value = "A"
     assert p.answer == "A"
@@ -43,6 +93,7 @@ def test_predict_answer_reads_the_widget_at_reveal_time() -> None:
         {"question": "q", "choices": ["only"]},
         {"question": "q", "choices": ["a", "a"]},
         {"question": "q", "choices": ["a", "b"], "default": "c"},
+        {"question": "q", "choices": ["a", "b", "skip: just show me"]},
     ],
 )
 def test_predict_rejects_bad_input(kwargs: dict) -> None:

@@ -1,0 +1,192 @@
+"""The measurement protocol (course_lib.perf.compare) and the text generated from its verdicts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_lib import lesson
+from course_lib.perf import compare as cmp
+from course_lib.perf.compare import Measurement, verdict_from_times
+
+
+def m(name: str, *seconds: float, work: float = 1.0) -> Measurement:
+    return Measurement(name, tuple(seconds), work)
+
+
+# Synthetic measurements, one per outcome (a compared with b).
+SYNTHETIC = {
+    "faster": (m("A", 1.0, 1.1, 0.9, 1.0, 1.05), m("B", 2.0, 2.1, 1.9, 2.2, 2.0)),
+    "slower": (m("A", 3.0, 3.2, 3.1, 2.9, 3.0), m("B", 1.0, 1.1, 1.0, 0.95, 1.0)),
+    "too_close": (m("A", 1.0, 1.2, 0.9, 1.1, 1.0), m("B", 1.05, 0.95, 1.1, 1.0, 1.02)),
+    "busy": (m("A", 1.0, 3.5, 1.0, 3.2, 1.1), m("B", 2.0, 2.1, 1.9, 2.2, 2.0)),
+}
+
+
+@pytest.mark.parametrize("outcome", list(SYNTHETIC))
+def test_each_outcome_is_recognised_and_its_sentence_agrees(outcome: str) -> None:
+    a, b = SYNTHETIC[outcome]
+    v = verdict_from_times(a, b)
+    assert v.outcome == outcome
+    text = v.sentence()
+    if outcome == "faster":
+        assert v.ratio == pytest.approx(2.0, rel=0.1) and "A was 2.0x faster than B" in text
+        assert v.winner == "A"
+    elif outcome == "slower":
+        assert v.factor == pytest.approx(3.0, rel=0.1) and "A was 3.0x slower than B" in text
+        assert v.winner == "B"
+    elif outcome == "too_close":
+        assert "Too close to call" in text and "faster than" not in text and "slower than" not in text
+        assert v.winner is None
+    else:
+        assert "too busy" in text and "(A)" in text and v.winner is None
+        assert "faster than" not in text and "slower than" not in text
+
+
+def test_a_consistent_small_difference_inside_the_band_is_too_close() -> None:
+    v = verdict_from_times(m("A", 1.0, 1.0, 1.0), m("B", 1.03, 1.03, 1.03))
+    assert v.outcome == "too_close" and v.ratio == pytest.approx(1.03)
+    assert verdict_from_times(m("A", 1.0, 1.0, 1.0), m("B", 1.03, 1.03, 1.03), band=0.01).outcome == "faster"
+
+
+def test_rounds_that_disagree_are_too_close_even_with_a_large_median() -> None:
+    # Median ratio 1.5, but two of five rounds say the opposite: the lower quartile is below 1.
+    v = verdict_from_times(m("A", 1.0, 1.0, 1.0, 1.0, 1.0), m("B", 1.5, 1.6, 0.9, 0.95, 1.5))
+    assert v.ratio == pytest.approx(1.5) and v.low < 1 and v.outcome == "too_close"
+
+
+def test_work_per_call_turns_times_into_rates() -> None:
+    # batch 64 in 10 s per call is 6.4 samples/s; batch 1 in 1 s is 1 sample/s: batch 64 is 6.4x faster per sample.
+    v = verdict_from_times(m("batch 64", 10.0, 10.0, 10.0, work=64), m("batch 1", 1.0, 1.0, 1.0, work=1))
+    assert v.outcome == "faster" and v.ratio == pytest.approx(6.4)
+
+
+def test_one_hiccup_is_allowed_but_a_repeated_one_is_a_busy_machine() -> None:
+    assert m("A", 1.0, 1.0, 5.0, 1.0).spread == pytest.approx(1.0)
+    assert m("A", 1.0, 2.5, 5.0, 1.0).spread == pytest.approx(2.5)
+    assert verdict_from_times(m("A", 1.0, 1.0, 5.0, 1.0), m("B", 2.0, 2.0, 2.0, 2.0)).outcome == "faster"
+
+
+@pytest.mark.parametrize(
+    "a,b,match",
+    [
+        (m("A", 1.0, 1.0), m("B", 1.0), "paired rounds"),
+        (m("A", 1.0), m("B", 0.0), "finite and positive"),
+        (m("A", float("nan")), m("B", 1.0), "finite and positive"),
+    ],
+)
+def test_verdict_rejects_bad_measurements(a: Measurement, b: Measurement, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        verdict_from_times(a, b)
+
+
+class FakeClock:
+    """Each contender call advances time by its own fixed cost; the clock reads the running total."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_compare_interleaves_calibrates_and_measures_exact_fake_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(cmp, "_clock", clock)
+    order: list[str] = []
+
+    def contender(name: str, cost: float):
+        def call() -> None:
+            order.append(name)
+            clock.now += cost
+        return call
+
+    result = cmp.compare(
+        {"fast": contender("fast", 0.001), "slow": contender("slow", 0.004)}, rounds=4, min_round_s=0.01, threads=1
+    )
+    assert result.calls_per_round == {"fast": 10, "slow": 3}
+    assert result["fast"].seconds == pytest.approx((0.001,) * 4)
+    assert result["slow"].seconds == pytest.approx((0.004,) * 4)
+    v = result.verdict("fast", "slow")
+    assert v.outcome == "faster" and v.ratio == pytest.approx(4.0)
+    # After the warm-up (one call each), rounds alternate the order: fast slow, slow fast, fast slow, slow fast.
+    rounds = [["fast"] * 10 + ["slow"] * 3, ["slow"] * 3 + ["fast"] * 10] * 2
+    assert order[2:] == [name for r in rounds for name in r]
+    assert result.fastest() == "fast" and "| fast | 1 ms | 4 |" in result.table()
+
+
+def test_compare_stops_at_the_budget_after_min_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(cmp, "_clock", clock)
+
+    def call() -> None:
+        clock.now += 1.0
+
+    result = cmp.compare({"a": call, "b": call}, rounds=50, min_round_s=0.0, budget_s=7.0, min_rounds=3, threads=1)
+    # warm-up 2 s, each round 2 s: rounds end at 4, 6, 8 s; the third would pass 7 s only after min_rounds.
+    assert len(result["a"].seconds) == 3 and result.stopped_by_budget
+
+
+def test_compare_restores_threads_and_rejects_bad_input() -> None:
+    before = torch.get_num_threads()
+    cmp.compare({"a": lambda: None, "b": lambda: None}, rounds=1, min_round_s=0.0, threads=1)
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="at least two"):
+        cmp.compare({"a": lambda: None})
+    with pytest.raises(ValueError, match="warmup"):
+        cmp.compare({"a": lambda: None, "b": lambda: None}, warmup=0)
+    with pytest.raises(ValueError, match="work"):
+        cmp.compare({"a": lambda: None, "b": lambda: None}, work={"a": 1, "b": 0})
+
+
+def test_course_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COURSE_THREADS", "3")
+    assert cmp.course_threads() == 3
+    monkeypatch.setenv("COURSE_THREADS", "zero")
+    with pytest.raises(ValueError, match="COURSE_THREADS"):
+        cmp.course_threads()
+    monkeypatch.delenv("COURSE_THREADS")
+    monkeypatch.setattr(cmp.os, "cpu_count", lambda: 8)
+    assert cmp.course_threads() == 4
+    monkeypatch.setattr(cmp.os, "cpu_count", lambda: 1)
+    assert cmp.course_threads() == 1
+
+
+def test_format_seconds() -> None:
+    assert cmp.format_seconds(0.000123) == "123 µs"
+    assert cmp.format_seconds(0.0039181459997053025) == "3.92 ms"
+    assert cmp.format_seconds(2.5) == "2.5 s"
+    assert cmp.format_seconds(4e-8) == "40 ns"
+
+
+BRANCHES = dict(
+    faster="{a} wins because the work runs in one call.",
+    slower="{a} lost: the per-call overhead dominated at this size.",
+    too_close="Here the difference is smaller than the noise.",
+)
+
+
+@pytest.mark.parametrize("outcome", list(SYNTHETIC))
+def test_explain_leads_with_the_verdict_and_takes_the_branch_of_its_outcome(outcome: str) -> None:
+    v = verdict_from_times(*SYNTHETIC[outcome])
+    text = lesson.explain(v, **BRANCHES)
+    assert text.startswith(v.sentence())
+    expected_branch = {"faster": "A wins", "slower": "A lost", "too_close": "smaller than the noise", "busy": None}
+    for branch, marker in expected_branch.items():
+        if marker is not None:
+            assert (marker in text) == (branch == outcome)
+
+
+def test_explain_requires_every_branch_and_known_fields() -> None:
+    v = verdict_from_times(*SYNTHETIC["faster"])
+    with pytest.raises(ValueError, match="too_close"):
+        lesson.explain(v, faster="x", slower="y", too_close=" ")
+    with pytest.raises(ValueError, match="unknown_field"):
+        lesson.explain(v, faster="{unknown_field}", slower="y", too_close="z")
+    assert "3 layers" in lesson.explain(v, faster="{n} layers", slower="y", too_close="z", n=3)
+
+
+def test_pick_needs_a_value_per_outcome() -> None:
+    v = verdict_from_times(*SYNTHETIC["busy"])
+    assert v.pick(faster="f", slower="s", too_close="t") is None
+    assert verdict_from_times(*SYNTHETIC["slower"]).pick(faster="f", slower="s", too_close="t") == "s"
