@@ -106,7 +106,7 @@ def summarise_pytest(output: str, returncode: int) -> tuple[str, str]:
               if line.startswith(("FAILED ", "ERROR "))]
     skipped = []
     for line in output.splitlines():
-        match = re.match(r"SKIPPED \[\d+\] [^:]+:\d+: (.*)", line)
+        match = re.match(r"SKIPPED \[\d+\] [^:]+(?::\d+)?: (.*)", line)
         if match and match.group(1) not in skipped:
             skipped.append(match.group(1))
     parts = [summary or ("no tests ran" if returncode == 5 else _last_line(output))]
