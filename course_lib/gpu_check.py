@@ -232,12 +232,12 @@ def _finish(run: _Running, seconds: float, timed_out: bool) -> Row:
 
 
 def run_parts(parts: Sequence[Part], *, log_dir: Path, cwd: Path = ROOT, env: dict[str, str] | None = None,
-              budget_s: float = TOTAL_BUDGET_S, log: Callable[[str], None] = print,
+              budget_s: float = TOTAL_BUDGET_S, min_start_s: float = 10.0, log: Callable[[str], None] = print,
               clock: Callable[[], float] = time.monotonic) -> list[Row]:
     """Run ``parts`` phase by phase (a phase's parts at the same time); one :class:`Row` per part, in order.
 
     Each part's time limit is its own budget or what is left of ``budget_s``, whichever is smaller; a part whose
-    limit would be under 10 s is not started. Nothing a part does (fail, crash, hang) stops the others.
+    limit would be under ``min_start_s`` is not started. Nothing a part does (fail, crash, hang) stops the others.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     deadline = clock() + budget_s
@@ -246,7 +246,7 @@ def run_parts(parts: Sequence[Part], *, log_dir: Path, cwd: Path = ROOT, env: di
         running: list[_Running] = []
         for part in (p for p in parts if p.phase == phase):
             timeout = min(part.budget_s, deadline - clock())
-            if timeout < 10:
+            if timeout < min_start_s:
                 rows[part.key] = Row(part.title, SKIPPED, 0.0, f"not started: {max(0.0, timeout):.0f} s left of the "
                                                                f"{budget_s:.0f} s budget")
                 continue

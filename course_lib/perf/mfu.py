@@ -175,18 +175,22 @@ class LMLoss(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
 
-def auto_batch(device: torch.device, model: str = "gpt2-small") -> int:
-    """A batch (of 1024-token sequences for GPT-2 small) that leaves room for three contenders on ``device``.
+def batch_for_memory(total_gib: float) -> int:
+    """GPT-2-small sequences per batch that leave room for three contenders on a GPU of ``total_gib``.
 
     About 2 GiB per contender for weights, gradients and AdamW moments, about 1.5 GiB per sequence for fp32 eager
-    activations and logits, 60 % of the memory used: 16 on 80 GB, 8 on 40 GB, 4 on 24 GB, 2 on 16 GB. An
-    out-of-memory error halves it anyway.
+    activations and logits, 60 % of the memory used, rounded down to a power of two, at most 16: 16 on 80 GB,
+    8 on 40 GB, 4 on 24 GB, 2 on 16 GB. An out-of-memory error halves it anyway.
     """
+    fits = int(max(1.0, (0.6 * total_gib - 6.0) / 1.5))
+    return min(16, 2 ** (fits.bit_length() - 1))
+
+
+def auto_batch(device: torch.device, model: str = "gpt2-small") -> int:
+    """:func:`batch_for_memory` of ``device`` for GPT-2 small on CUDA; 8 otherwise (the tiny model, the CPU)."""
     if model != "gpt2-small" or device.type != "cuda":
         return 8
-    total_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
-    fits = max(1.0, (0.6 * total_gib - 6.0) / 1.5)
-    return int(min(16, 2 ** int(fits).bit_length() // 2 or 1))
+    return batch_for_memory(torch.cuda.get_device_properties(device).total_memory / 2**30)
 
 
 def low_precision_dtype(device: torch.device) -> torch.dtype:
@@ -377,6 +381,7 @@ def format_rows(result: dict[str, Any]) -> str:
 
 __all__ = [
     "GPU_PEAK_TFLOPS", "GPT2_SMALL", "Contender", "CONTENDERS", "GPTBenchConfig", "LMLoss", "auto_batch",
+    "batch_for_memory",
     "format_rows", "gpt_flops_per_token", "low_precision_dtype", "mfu", "non_embedding_params", "peak_flops",
     "run_gpt_bench", "verdicts",
 ]
