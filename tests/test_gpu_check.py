@@ -129,6 +129,14 @@ def test_out_of_memory_halves_the_batch(monkeypatch: pytest.MonkeyPatch, one_thr
     assert result["batch"] == 1 and seen[:3] == [4, 2, 1]
 
 
+def test_time_budget_stops_new_rounds_but_one_always_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mfu_mod._Runner, "steps", lambda self, n: None)
+    ticks = iter(range(0, 10**6, 100))  # every reading of the clock is 100 s later than the one before
+    cfg = _tiny(timed_steps=5, rounds=5, time_budget_s=50, contenders=(Contender("fp32 eager", "fp32", False),))
+    result = run_gpt_bench(cfg, "cpu", log=lambda _: None, clock=lambda: float(next(ticks)))
+    assert result["rounds"] == 1 and len(result["rows"][0]["tokens_per_s_rounds"]) == 1
+
+
 # ------------------------------------------------------------------------------------------------ the table, summaries
 def test_slug() -> None:
     assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
