@@ -232,8 +232,9 @@ def test_cuda_events_time_an_async_kernel_where_perf_counter_does_not(cuda: torc
     latency = measure_latency(kernel, x, device=cuda, warmup=1, reps=3)  # the course's CUDA-event path
 
     assert naive_ms < 0.5 * event_ms, f"perf_counter without synchronize saw {naive_ms:.2f} ms of {event_ms:.1f} ms"
-    assert 0.7 < event_ms / synced_ms < 1.3, (event_ms, synced_ms)
-    assert 0.7 < latency.median_ms / event_ms < 1.3, (latency.median_ms, event_ms)
+    # The synchronised host clock and the course's event-based latency agree with the events (same kernel).
+    assert 0.67 < event_ms / synced_ms < 1.5, (event_ms, synced_ms)
+    assert 0.67 < latency.median_ms / event_ms < 1.5, (latency.median_ms, event_ms)
 
 
 def test_max_memory_allocated_grows_with_an_allocation_and_reset_forgets_it(cuda: torch.device) -> None:
@@ -251,7 +252,8 @@ def test_max_memory_allocated_grows_with_an_allocation_and_reset_forgets_it(cuda
 
 def test_memory_snapshot_records_the_allocation_and_where_it_came_from(cuda: torch.device, tmp_path: Path) -> None:
     size = 3 * MiB + 512  # an unusual size, easy to find
-    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    # Python frames only: symbolising C++ frames ("all") can take minutes on some builds.
+    torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
     try:
         tensor = torch.empty(size, dtype=torch.uint8, device=cuda)
         snapshot = torch.cuda.memory._snapshot()
@@ -264,7 +266,7 @@ def test_memory_snapshot_records_the_allocation_and_where_it_came_from(cuda: tor
     files = {Path(frame["filename"]).name for frame in blocks[0]["frames"]}
     assert Path(__file__).name in files, f"the allocating line is not in the recorded stack: {sorted(files)[:10]}"
     trace = snapshot["device_traces"][cuda.index]
-    assert any(e["action"] == "alloc" and e["addr"] == tensor.data_ptr() for e in trace)
+    assert any(e["action"] == "alloc" and e.get("addr") == tensor.data_ptr() for e in trace)
     with open(tmp_path / "snapshot.pickle", "rb") as f:
         assert "segments" in pickle.load(f)  # the file memory_viz / pytorch.org/memory_viz reads
 
