@@ -76,7 +76,7 @@ def test_bench_config_rejects_bad_values() -> None:
         GPTBenchConfig(batch=0)
 
 
-# ------------------------------------------------------------------------------------------------ the GPU section, wired on the CPU
+# ------------------------------------------------------------------------------------- the GPU section, on the CPU
 def _tiny(**kw: object) -> GPTBenchConfig:
     defaults = dict(model="tiny", warmup_steps=1, timed_steps=2, rounds=2, batch=2, compile_backend="eager")
     return GPTBenchConfig(**{**defaults, **kw})  # type: ignore[arg-type]
