@@ -336,7 +336,8 @@ def to_markdown(rows: Sequence[Row], device: dict[str, Any], *, wall_s: float, a
                   f"peak: {bench['peak_source']}.", "", format_rows(bench), ""]
         lines += [f"- {sentence}" for sentence in bench.get("verdicts", [])]
         lines.append("")
-    lines.append(f"Full output of each part: `{log_dir}/<part>.log`.")
+    shown = log_dir.relative_to(ROOT) if log_dir.is_relative_to(ROOT) else log_dir  # no home paths in the table
+    lines.append(f"Full output of each part: `{shown}/<part>.log`.")
     return "\n".join(lines) + "\n"
 
 
