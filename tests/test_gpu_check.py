@@ -137,6 +137,14 @@ def test_time_budget_stops_new_rounds_but_one_always_runs(monkeypatch: pytest.Mo
     assert result["rounds"] == 1 and len(result["rows"][0]["tokens_per_s_rounds"]) == 1
 
 
+def test_the_gpu_tests_own_logic_holds_on_the_cpu(one_thread: None) -> None:
+    """The overflow and bf16 checks of test_gpu_paths.py, run on the CPU: they pass, so on a GPU only CUDA differs."""
+    from test_gpu_paths import check_bf16_activations, check_fp16_overflow_skips_the_step
+
+    check_fp16_overflow_skips_the_step(torch.device("cpu"))
+    check_bf16_activations(torch.device("cpu"))
+
+
 # ------------------------------------------------------------------------------------------------ the table, summaries
 def test_slug() -> None:
     assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"

@@ -63,6 +63,11 @@ def _params(model: nn.Module) -> list[torch.Tensor]:
 
 # ------------------------------------------------------------------------------------------- precision
 def test_fp16_overflow_makes_the_scaler_skip_the_step_and_lower_the_scale(cuda: torch.device) -> None:
+    check_fp16_overflow_skips_the_step(cuda)
+
+
+def check_fp16_overflow_skips_the_step(cuda: torch.device) -> None:
+    """Also run on the CPU (tests/test_gpu_check.py), where torch has fp16 autocast and a GradScaler too."""
     from course_lib.train.accumulate import backward_group
 
     model = _net(cuda)
@@ -92,6 +97,11 @@ def test_fp16_overflow_makes_the_scaler_skip_the_step_and_lower_the_scale(cuda: 
 def test_bf16_autocast_produces_bf16_activations_and_fp32_loss(cuda: torch.device) -> None:
     if not torch.cuda.is_bf16_supported():
         pytest.skip(f"{torch.cuda.get_device_name(cuda)} does not support bf16")
+    check_bf16_activations(cuda)
+
+
+def check_bf16_activations(cuda: torch.device) -> None:
+    """Also run on the CPU (tests/test_gpu_check.py)."""
     from course_lib.device import autocast, resolve_amp_dtype
     from course_lib.models import GPTConfig, TinyGPT
     from course_lib.train.accumulate import loss_and_count
