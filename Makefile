@@ -9,7 +9,7 @@ NOTEBOOK_DIR ?= .
 # Two test processes; each file (a notebook, the browser module) stays in one process, in order.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup data lab test doctor clean-notebooks exercises bench
+.PHONY: setup data lab test doctor clean-notebooks exercises bench gpu-check
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,3 +40,8 @@ exercises: setup
 
 bench: data
 	$(PY) -m course_lib bench
+
+# On a machine with a CUDA GPU: GPU tests, every notebook, every grader and the GPU benchmark, in under 8 minutes;
+# the table goes to benchmarks/results/gpu-<device>.md. Without a GPU it says so in one line.
+gpu-check: setup
+	$(PY) -m course_lib gpu-check $(GPU_CHECK_ARGS)

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("course_lib.data.cli:main", "generate or inspect the offline datasets (run once before a workshop)"),
     "doctor": ("course_lib.doctor:main", "check this machine: versions, devices, bf16/TF32, compile, workers, data"),
     "bench": ("course_lib.perf.bench:main", "run the benchmark table (ratios measured side by side)"),
+    "gpu-check": ("course_lib.gpu_check:main", "on a CUDA GPU: every GPU path, notebook and grader in < 8 min"),
     "build-exercises": ("course_lib.grading.build:main", "regenerate exercises/ from solutions/"),
     "check": ("course_lib.grading.check:main", "grade your own exercises/ and print a score table"),
     "grade": ("course_lib.grading.grade:main", "instructor: grade a folder of student submissions into a CSV"),

@@ -16,6 +16,21 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import pytest  # noqa: E402 - after the environment is set
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` are skipped, with the reason, where no CUDA GPU is visible (they run in gpu-check)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False here); "
+                                   "`make gpu-check` runs it on a GPU machine")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread: on a small shared CPU, two OpenMP threads contend and tiny ops get many times slower."""

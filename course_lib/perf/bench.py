@@ -14,7 +14,8 @@ Sections:
 (b) A tuned DataLoader (worker processes) vs ``num_workers=0`` on the generated JPEG "shapes" data (goal >= 1.7x
     on 2 cores); and in-memory batching on the device (``DeviceBatcher``) vs ``DataLoader(TensorDataset)``.
 (c) Eager vs ``torch.compile`` steady-state training step (and the cold compile in seconds); fp32 vs bf16 autocast.
-(d) On a CUDA GPU only: a tiny GPT's tokens/s and model FLOPs utilisation (MFU).
+(d) On a CUDA GPU only: a GPT-2-small-sized model's tokens/s and model FLOPs utilisation (MFU), bf16 + compile vs
+    eager vs fp32 side by side (``course_lib.perf.mfu``).
 
 Writes ``latest.json`` (everything, machine description included) and ``latest.md`` (the table) under ``--out``.
 """
@@ -39,14 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.device import pick_device, synchronize
-
-# Peak dense bf16 tensor-core throughput from vendor datasheets (FLOP/s), used only as MFU's denominator.
-# Matched by substring of torch.cuda.get_device_name(); anything else needs --peak-tflops.
-GPU_PEAK_BF16_FLOPS = {
-    "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
-    "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12,
-}
-
+from course_lib.perf.mfu import gpt_flops_per_token, peak_flops  # noqa: F401 - section (d); re-exported
 
 @dataclass
 class Sizes:
@@ -59,12 +53,13 @@ class Sizes:
     loader_batches: int
     compile_steps: int
     compile_backend: str
-    gpt_steps: int
+    gpt_steps: int  # (d): timed steps per contender
+    gpt_model: str = "gpt2-small"  # (d): "gpt2-small" (124 M parameters) or "tiny" (a wiring check)
 
 
 PRESETS = {
     "tiny": Sizes(steps=8, reps=1, d=64, batch=16, loader_batches=3, compile_steps=3, compile_backend="eager",
-                  gpt_steps=5),
+                  gpt_steps=5, gpt_model="tiny"),
     "quick": Sizes(steps=40, reps=3, d=256, batch=64, loader_batches=40, compile_steps=15,
                    compile_backend="inductor", gpt_steps=20),
     "full": Sizes(steps=120, reps=5, d=256, batch=64, loader_batches=78, compile_steps=40,
@@ -382,57 +377,22 @@ def bench_precision(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------- (d) GPU only
-def gpt_flops_per_token(n_params: int, n_layer: int, n_embd: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N (forward 2N + backward 4N) plus attention's 12 * layers * width * sequence."""
-    return 6 * n_params + 12 * n_layer * n_embd * seq_len
-
-
-def peak_flops(name: str, override_tflops: float | None = None) -> float | None:
-    if override_tflops:
-        return override_tflops * 1e12
-    for key, value in GPU_PEAK_BF16_FLOPS.items():
-        if key.lower() in name.lower():
-            return value
-    return None
-
-
 def bench_gpt_mfu(sizes: Sizes, log: Callable[[str], None], peak_tflops: float | None) -> dict[str, Any]:
+    """GPT-2 small (or the tiny GPT for ``--tiny``): tokens/s and MFU, bf16 + compile vs eager vs fp32.
+
+    See :mod:`course_lib.perf.mfu` for the model, the contenders, the FLOP count and the peak table.
+    """
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA GPU: tokens/s and MFU are reported on a GPU only"}
-    from course_lib.models import GPTConfig, TinyGPT
+    from course_lib.perf.mfu import GPTBenchConfig, run_gpt_bench
 
-    device = torch.device("cuda")
-    cfg = GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384)
-    model = TinyGPT(cfg).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
-    batch = 32
-    x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), device=device)
-    y = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), device=device)
-
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(x)
-        F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
-    synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(sizes.gpt_steps):
-        step()
-    synchronize(device)
-    tokens_per_s = sizes.gpt_steps * batch * cfg.block_size / (time.perf_counter() - t0)
-    fpt = gpt_flops_per_token(n_params, cfg.n_layer, cfg.n_embd, cfg.block_size)
-    name = torch.cuda.get_device_name()
-    peak = peak_flops(name, peak_tflops)
-    mfu = tokens_per_s * fpt / peak if peak else None
-    log(f"  GPT: {tokens_per_s:,.0f} tokens/s" + (f", MFU {mfu:.1%}" if mfu is not None else ""))
-    return {"gpu": name, "n_params": n_params, "batch": batch, "seq_len": cfg.block_size, "tokens_per_s": tokens_per_s,
-            "flops_per_token": fpt, "peak_flops": peak, "mfu": mfu,
-            "peak_source": "--peak-tflops" if peak_tflops else ("vendor datasheet table" if peak else "unknown GPU")}
+    cfg = GPTBenchConfig(model=sizes.gpt_model, warmup_steps=10 if sizes.gpt_model == "gpt2-small" else 2,
+                         timed_steps=sizes.gpt_steps, rounds=min(5, sizes.gpt_steps))
+    result = run_gpt_bench(cfg, torch.device("cuda"), peak_tflops=peak_tflops, log=log)
+    head = result["rows"][0]
+    log(f"  GPT: {head['contender']} {head['tokens_per_s']:,.0f} tokens/s"
+        + (f", MFU {head['mfu']:.1%}" if head["mfu"] is not None else ""))
+    return result
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -491,10 +451,15 @@ def to_markdown(report: dict[str, Any]) -> str:
     d = r.get("gpu_gpt")
     if d:
         if "skipped" in d:
-            lines.append(f"| (d) tiny GPT tokens/s, MFU | skipped | - | {d['skipped']} |")
+            lines.append(f"| (d) GPT tokens/s, MFU | skipped | - | {d['skipped']} |")
         else:
-            lines.append(f"| (d) tiny GPT on {d['gpu']}: {d['tokens_per_s']:,.0f} tokens/s, MFU | "
-                         f"{_fmt(d['mfu'], '.1%') if d['mfu'] is not None else '-'} | - | {d['peak_source']} |")
+            for row in d["rows"]:
+                mfu_text = _fmt(row["mfu"], ".1%") if row["mfu"] is not None else "-"
+                lines.append(f"| (d) {d['model']} on {d['gpu']}, {row['contender']}: {row['tokens_per_s']:,.0f} "
+                             f"tokens/s, MFU {mfu_text}; tokens/s vs {d['rows'][0]['contender']} | "
+                             f"{_fmt(row['vs_first'])}x | - | {d['peak_source']} |")
+            for name, err in d.get("failed", {}).items():
+                lines.append(f"| (d) {name} | error | - | {err} |")
     for name, err in report.get("errors", {}).items():
         lines.append(f"| {name} | error | - | {err} |")
     lines += ["", "## Details", ""]
@@ -522,6 +487,11 @@ def to_markdown(report: dict[str, Any]) -> str:
     if p:
         lines.append(f"(c) precision: {p['model']}: " + "; ".join(
             f"{row['precision']} {row['step_ms']:.2f} ms/step, final loss {row['final_loss']:.4f}" for row in p["rows"]) + ".")
+    if d and "skipped" not in d:
+        lines.append(f"(d) {d['model']}: {d['n_params_non_embedding'] / 1e6:.1f} M parameters without position "
+                     f"embeddings, batch {d['batch']} x {d['seq_len']} tokens, {d['warmup_steps']} warm-up steps, "
+                     f"{d['rounds']} interleaved rounds of {d['steps_per_round']} steps; FLOPs/token = 6N + 12 L H Q T "
+                     f"= {d['flops_per_token'] / 1e9:.3f} GFLOP; peak: {d['peak_source']}. " + " ".join(d["verdicts"]))
     return "\n".join(lines) + "\n"
 
 
@@ -566,7 +536,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=["loops", "loaders", "in_memory", "compile", "precision", "gpu"],
                         help="run only these sections")
     parser.add_argument("--peak-tflops", type=float, default=None,
-                        help="the GPU's peak bf16 TFLOP/s for MFU, when it is not in the built-in table")
+                        help="the GPU's dense bf16 (fp16 before Ampere) peak TFLOP/s for MFU, when it is not in "
+                             "the built-in table")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice). On a machine shared with other work, "
                              "1 avoids the stalls of oversubscribed OpenMP threads spinning for busy cores")
