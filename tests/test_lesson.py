@@ -68,7 +68,7 @@ def test_reveal_waits_for_the_answer_then_updates_in_place(monkeypatch: pytest.M
     p = lesson.Prediction("Which is faster?", choices=("A", "B"), widget=FakeWidget(), _question_handle=question)
     p.reveal("B", "because")
     assert "still open" in shown[-1]
-    assert "because" not in shown[-1] and "measured" not in shown[-1]  # nothing spoiled before answering
+    assert "because" not in shown[-1] and "measured:**" not in shown[-1]  # nothing spoiled before answering
     FakeWidget.value = "A"
     p._on_answer({"new": "A"})
     assert "You predicted:** A" in handles[-1].shown[-1] and "Not what you predicted" in handles[-1].shown[-1]
