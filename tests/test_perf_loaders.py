@@ -74,6 +74,12 @@ def test_compare_loaders_warms_up_interleaves_and_gives_verdicts() -> None:
     assert next(r for r in rows if r["pin_memory"])["skipped"]
     with pytest.raises(ValueError, match="label"):
         compare_loaders(data, [dict(configs[0]), dict(configs[0])], n_batches=1, progress=False)
+    with pytest.raises(ValueError, match="exactly one"):
+        compare_loaders(data, configs, n_batches=1, n_samples=8, progress=False)
+    # n_samples: every config delivers the same samples, whatever its batch size.
+    sizes = [dict(configs[0], label="batch 4", batch_size=4), dict(configs[0], label="batch 8", batch_size=8)]
+    _, same = compare_loaders(data, sizes, n_samples=16, rounds=1, progress=False)
+    assert [r["samples"] for r in same] == [16, 16] and [r["batches"] for r in same] == [4, 2]
 
 
 def test_worker_memory_is_proportional_not_summed_rss() -> None:

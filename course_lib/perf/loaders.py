@@ -290,7 +290,8 @@ def compare_loaders(
     dataset: Dataset,
     configs: Sequence[dict[str, Any]],
     *,
-    n_batches: int,
+    n_batches: int | None = None,
+    n_samples: int | None = None,
     device: torch.device | str = "cpu",
     rounds: int = 3,
     budget_s: float | None = None,
@@ -299,7 +300,8 @@ def compare_loaders(
     """Measure loader configurations through the course's protocol (:func:`course_lib.perf.compare.compare`).
 
     Each configuration is a contender named by its ``label``; one call builds its loader and delivers
-    ``n_batches`` per epoch (worker start-up included, as in training). Every contender is warmed up once, then
+    ``n_batches`` per epoch (worker start-up included, as in training) -- or, with ``n_samples`` instead, as many
+    batches as make ``n_samples`` samples at that config's batch size, so every config does the same work. Every contender is warmed up once, then
     the rounds run them in alternating order, so a cold cache or a burst of load elsewhere hits all of them
     alike; ``budget_s`` stops the rounds early (never before three). Returns the :class:`Comparison` (ask it for
     verdicts: ``comparison.verdict("workers=2", "workers=0 (main process)")``) and one row per config as
@@ -307,6 +309,14 @@ def compare_loaders(
     rounds, ``speedup`` over the first measured config, ``rounds``. Pinned-memory configs on a non-CUDA device
     are not measured (``skipped`` says why).
     """
+    if (n_batches is None) == (n_samples is None):
+        raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")
+    if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 1):
+        raise ValueError(f"n_samples={n_samples!r} must be an int >= 1.")
+
+    def batches_of(cfg: dict[str, Any]) -> int:
+        return n_batches if n_batches is not None else max(1, n_samples // cfg["batch_size"])  # type: ignore[operator]
+
     device = torch.device(device)
     labels = [c.get("label") for c in configs]
     if any(not label for label in labels) or len(set(labels)) != len(labels):
@@ -325,13 +335,13 @@ def compare_loaders(
         kwargs = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
 
         def run() -> None:
-            runs[cfg["label"]].append(measure_loader(dataset, n_batches=n_batches, device=device, **kwargs))
+            runs[cfg["label"]].append(measure_loader(dataset, n_batches=batches_of(cfg), device=device, **kwargs))
             if bar is not None:
                 bar.update()
 
         return run
 
-    samples = {c["label"]: n_batches * c["batch_size"] * c.get("epochs", 1) for c in measured}
+    samples = {c["label"]: batches_of(c) * c["batch_size"] * c.get("epochs", 1) for c in measured}
     try:
         comparison = compare({c["label"]: contender(c) for c in measured}, rounds=rounds, warmup=1, work=samples,
                              min_round_s=0.0, budget_s=budget_s, min_rounds=min(3, rounds), device=device)
