@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from course_lib.labsettings import ensure_widget_state_saved
+
 DEFAULT_PORT = 8888
 DEFAULT_IP = "127.0.0.1"
 WELCOME_NOTEBOOK = "notebooks/00_welcome.ipynb"
@@ -266,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("environment: JUPYTER_TOKEN=<token>")
         print(cmd.url)
         return 0
+    ensure_widget_state_saved()  # saved lessons reopen with their widgets, not "model not found"
     print(banner(cmd, requested_port=args.port), flush=True)
     process = subprocess.Popen(cmd.argv, env={**os.environ, **cmd.env})
     if hasattr(signal, "SIGTERM"):

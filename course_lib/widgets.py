@@ -67,8 +67,8 @@ NO_WORKERS_REASON = (
 )
 PERSISTENT_HINT = "persistent_workers only pays off from the 2nd epoch: set epochs to 2 to see it."
 
-_TABLE_COLUMNS = ("#", "what", "workers", "batch", "pin", "prefetch", "persist.", "epochs", "batches",
-                  "samples/s", "× run 1", "1st batch s", "total s", "RSS MB")
+_TABLE_COLUMNS = ("#", "what", "workers", "batch", "pin", "prefetch", "persist.", "epochs", "samples/s",
+                  "× run 1", "1st batch s", "memory MiB")
 
 
 def default_dataset() -> Dataset:
@@ -88,15 +88,27 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return html.escape(str(value))
 
 
+def _memory_mb(row: dict[str, Any]) -> float | None:
+    """Host + workers memory of a row (PSS on Linux, see ``measure_loader``); RSS for rows made without it."""
+    if row.get("host_mb") is not None:
+        return row["host_mb"] + row.get("workers_mb", 0.0)
+    return row.get("host_rss_mb")
+
+
 def results_table_html(rows: list[dict[str, Any]]) -> str:
-    """The results as an HTML table; ``× run 1`` is samples/s relative to the first measured row."""
-    cell = "padding:2px 6px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap"
-    left = ";text-align:left;white-space:normal;min-width:140px;max-width:230px"  # the "what" column wraps
-    head = "".join(f'<th style="{cell}{left if j == 1 else ""};font-weight:600">{c}</th>'
+    """The results as an HTML table; ``× run 1`` is samples/s relative to the first measured row.
+
+    The table scrolls inside its own box (it never pushes the notebook wider) and its headers and "what" column
+    wrap, so it fits a narrow window; memory is host + workers as PSS (shared pages counted once).
+    """
+    cell = "padding:2px 5px;border-bottom:1px solid rgba(127,127,127,0.35);text-align:right;white-space:nowrap"
+    left = ";text-align:left;white-space:normal;min-width:110px;max-width:200px"  # the "what" column wraps
+    head = "".join(f'<th style="{cell}{left if j == 1 else ""};white-space:normal;font-weight:600">{c}</th>'
                    for j, c in enumerate(_TABLE_COLUMNS))
     notes: list[str] = []  # why a row was skipped, listed under the table
+    kinds = sorted({r["memory_kind"] for r in rows if r.get("memory_kind")})
     if not rows:
-        body = f'<tr><td colspan="{len(_TABLE_COLUMNS)}" style="{cell};text-align:left;color:#666">' \
+        body = f'<tr><td colspan="{len(_TABLE_COLUMNS)}" style="{cell};text-align:left;opacity:0.7">' \
                "No runs yet: choose a configuration and press Run.</td></tr>"
     else:
         base = next((r["samples_per_s"] for r in rows if r.get("samples_per_s")), None)
@@ -110,47 +122,64 @@ def results_table_html(rows: list[dict[str, Any]]) -> str:
                 notes.append(f"#{i}: {r['skipped']}")
             values = [str(i), what, _fmt(r.get("num_workers")), _fmt(r.get("batch_size")), _fmt(r.get("pin_memory")),
                       _fmt(r.get("prefetch_factor")), _fmt(r.get("persistent_workers")), _fmt(r.get("epochs", 1)),
-                      _fmt(r.get("batches")), _fmt(sps, 1), ratio, _fmt(r.get("first_batch_s"), 3),
-                      _fmt(r.get("total_s"), 3), _fmt(r.get("host_rss_mb"), 0)]
+                      _fmt(sps, 1), ratio, _fmt(r.get("first_batch_s"), 3), _fmt(_memory_mb(r), 0)]
             tds = "".join(
                 f'<td style="{cell}{left if j == 1 else ""}">{html.escape(v) if j == 1 else v}</td>'
                 for j, v in enumerate(values)
             )
             lines.append(f"<tr>{tds}</tr>")
         body = "".join(lines)
-    foot = "".join(f'<div style="color:#555;font-size:12px">{html.escape(n)}</div>' for n in notes)
-    # Scroll sideways rather than overflow the notebook cell when the output area is narrow.
-    return f'<div style="overflow-x:auto"><table style="border-collapse:collapse;font-size:12px;line-height:1.3">' \
-           f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{foot}"
+    if kinds:
+        notes.append(f"memory: this process + its workers, as {'/'.join(kinds)} "
+                     "(proportional set size: pages the workers share with this process are counted once)")
+    foot = "".join(f'<div style="opacity:0.75;font-size:12px">{html.escape(n)}</div>' for n in notes)
+    return (f'<div style="overflow:auto;max-width:100%;max-height:420px">'
+            f'<table style="border-collapse:collapse;font-size:12px;line-height:1.3">'
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{foot}")
+
+
+def _bar_label(i: int, row: dict[str, Any]) -> str:
+    """A short label for run ``i``: ``#3 w2 b64`` plus what else differs from the defaults."""
+    parts = [f"#{i}", f"w{row.get('num_workers', 0)}", f"b{row.get('batch_size', '?')}"]
+    if row.get("pin_memory"):
+        parts.append("pin")
+    if row.get("prefetch_factor") not in (None, 2):
+        parts.append(f"pf{row['prefetch_factor']}")
+    if row.get("persistent_workers"):
+        parts.append("persist")
+    if row.get("epochs", 1) > 1:
+        parts.append(f"{row['epochs']}ep")
+    return " ".join(parts)
 
 
 def samples_per_s_png(rows: list[dict[str, Any]]) -> bytes:
-    """A bar chart of samples/s per run (PNG bytes), with the first run as a dashed reference line.
+    """A horizontal bar chart of samples/s per run (PNG bytes), with the first run as a dashed reference line.
 
+    One bar per line, so labels never overlap however many runs there are: the figure grows in height instead.
     Drawn on a bare :class:`matplotlib.figure.Figure` (no pyplot): no global figure state, no backend needed, and
     nothing left open after a hundred runs.
     """
-    fig = Figure(figsize=(7.5, 2.8), dpi=100, layout="constrained")
+    shown = [(i, r) for i, r in enumerate(rows, start=1) if r.get("samples_per_s") or r.get("skipped")]
+    fig = Figure(figsize=(7.5, max(2.4, 1.1 + 0.28 * len(shown))), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    measured = [(i, r) for i, r in enumerate(rows, start=1) if r.get("samples_per_s")]
+    measured = [(i, r) for i, r in shown if r.get("samples_per_s")]
     if measured:
-        xs = [i for i, _ in measured]
-        ys = [r["samples_per_s"] for _, r in measured]
+        ys = list(range(len(shown)))
+        by_run = {i: y for y, (i, _) in enumerate(shown)}
+        rates = [r["samples_per_s"] for _, r in measured]
         colours = ["#4c72b0" if not r.get("step") else "#dd8452" for _, r in measured]
-        ax.bar(xs, ys, color=colours, width=0.7)
-        ax.axhline(ys[0], color="#555", linestyle="--", linewidth=1)
-        for x, y in zip(xs, ys):
-            ax.annotate(f"×{y / ys[0]:.2f}", (x, y), ha="center", va="bottom", fontsize=8,
-                        xytext=(0, 2), textcoords="offset points")
-        for i, r in enumerate(rows, start=1):  # say why a bar is missing instead of leaving a silent gap
+        ax.barh([by_run[i] for i, _ in measured], rates, color=colours, height=0.7)
+        ax.axvline(rates[0], color="#555", linestyle="--", linewidth=1)
+        for (i, _), rate in zip(measured, rates):
+            ax.annotate(f"×{rate / rates[0]:.2f}", (rate, by_run[i]), ha="left", va="center", fontsize=8,
+                        xytext=(3, 0), textcoords="offset points")
+        for i, r in shown:  # say why a bar is missing instead of leaving a silent gap
             if r.get("skipped"):
-                ax.text(i, max(ys) * 0.03, "skipped", rotation=90, ha="center", va="bottom", fontsize=8,
-                        color="#777")
-        ticks = [i for i, r in enumerate(rows, start=1) if r.get("samples_per_s") or r.get("skipped")]
-        ax.set_xticks(ticks, [f"#{i}\nw{rows[i - 1]['num_workers']} b{rows[i - 1]['batch_size']}" for i in ticks],
-                      fontsize=8)
-        ax.set_ylim(0, max(ys) * 1.18)
-        ax.set_xlim(0.4, max(xs[-1], 6) + 0.6)  # fixed bar width until there are many runs
+                ax.text(max(rates) * 0.02, by_run[i], "skipped (see the table)", ha="left", va="center",
+                        fontsize=8, color="#777")
+        ax.set_yticks(ys, [_bar_label(i, r) for i, r in shown], fontsize=8)
+        ax.set_ylim(len(shown) - 0.5, -0.5)  # run 1 at the top
+        ax.set_xlim(0, max(rates) * 1.2)  # room for the ×ratio labels
         kinds = {"#4c72b0": "Run button", "#dd8452": "experiment order"}
         handles = [Patch(color=c, label=label) for c, label in kinds.items() if c in colours]
         handles.append(Line2D([], [], color="#555", linestyle="--", linewidth=1, label="run 1"))
@@ -160,8 +189,8 @@ def samples_per_s_png(rows: list[dict[str, Any]]) -> bytes:
                 color="#777")
         ax.set_xticks([])
         ax.set_yticks([])
-    ax.set_ylabel("samples/s")
-    ax.set_title("Samples per second, per run (higher is better)", fontsize=10)
+    ax.set_xlabel("samples/s (higher is better)")
+    ax.set_title("Samples per second, per run", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -225,8 +254,10 @@ class LoaderPlayground(widgets.VBox):
                                                    "persistent workers")
         self.status = widgets.HTML()
         self._say(f"Dataset: {self.n_samples} samples; batches go to <b>{self.device}</b>.")
-        self.table = widgets.HTML(value=results_table_html(self.rows))
-        self.plot = widgets.Output()
+        # Both stay inside the output area: the table scrolls in its own box, the plot scales down.
+        self.table = widgets.HTML(value=results_table_html(self.rows),
+                                  layout=widgets.Layout(width="100%", max_width="100%", overflow="auto"))
+        self.plot = widgets.Output(layout=widgets.Layout(width="100%", max_width="100%", overflow="auto"))
         self.progress = widgets.Output()
 
         for name, widget in [("num_workers", self.num_workers), ("batch_size", self.batch_size),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from course_lib import lab
+from course_lib import lab, labsettings
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -81,15 +81,19 @@ def running_lab(
     open_path: str | None = None,
 ) -> Iterator[LabServer]:
     """Start JupyterLab on a free port serving ``notebook_dir``; yield once ``/api/status`` answers; stop it."""
-    settings_dir, workspaces_dir, runtime_dir = (state_dir / n for n in ("settings", "workspaces", "runtime"))
+    settings_dir, workspaces_dir, runtime_dir, app_settings_dir = (
+        state_dir / n for n in ("settings", "workspaces", "runtime", "app-settings"))
     for folder in (settings_dir, workspaces_dir, runtime_dir, state_dir / "ipython"):
         folder.mkdir(parents=True, exist_ok=True)
     write_user_settings(settings_dir, TEST_USER_SETTINGS)
+    # The overrides the course's launcher writes into the environment, here into a throw-away app settings folder.
+    labsettings.ensure_widget_state_saved(app_settings_dir)
     command = lab.build_command(
         port=lab.free_port(), notebook_dir=notebook_dir, open_browser=False, open_path=open_path,
         extra_args=[
             f"--LabApp.user_settings_dir={settings_dir}",
             f"--LabApp.workspaces_dir={workspaces_dir}",
+            f"--LabApp.app_settings_dir={app_settings_dir}",
             "--LabApp.expose_app_in_browser=True",  # lets the browser test ask the app for cell states
         ],
     )

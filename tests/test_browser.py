@@ -2,7 +2,10 @@
 
 What this checks that nbval cannot: the widgets actually render in JupyterLab (the front-end extension is
 installed and matches the kernel's ipywidgets), the playground's controls and Run button work end to end, the
-plot changes after a run, and tqdm's notebook progress bar renders and completes.
+plot changes after a run, and tqdm's notebook progress bar renders and completes. In the lessons: no output shows
+raw ANSI colour codes, no answer choice is cut off without its full text in a tooltip, Run All leaves every
+prediction open (no reveal with an answer nobody gave) and answering one turns its placeholder into the
+comparison, and a saved, executed lesson reopens without "Error displaying widget".
 
 Needs Debian's ``chromium`` (``apt-get install chromium``) and the ``playwright`` package; Playwright's own
 browser download is never used. Without Chromium the tests skip, except under ``CI=true`` where a missing
@@ -200,6 +203,103 @@ def widget_errors(page) -> list[str]:
     return [t for t in texts if "Error displaying widget" in t or "Failed to load model class" in t]
 
 
+def ansi_outputs(page) -> list[str]:
+    """Outputs (streams, text) that carry raw ANSI escape codes, which JupyterLab shows as colours or garbage.
+
+    Tracebacks are left out: they are coloured on purpose, and :func:`error_outputs` already fails on them.
+    """
+    return page.evaluate(
+        """() => {
+            const found = [];
+            for (const cell of window.jupyterapp.shell.currentWidget.content.widgets) {
+                if (cell.model.type !== 'code') continue;
+                for (const out of cell.model.outputs.toJSON()) {
+                    const texts = [];
+                    if (out.output_type === 'stream') texts.push([].concat(out.text).join(''));
+                    for (const value of Object.values(out.data || {})) {
+                        if (typeof value === 'string' || Array.isArray(value)) texts.push([].concat(value).join(''));
+                    }
+                    for (const text of texts) {
+                        if (text.includes('\u001b[')) found.push(text.slice(0, 200));
+                    }
+                }
+            }
+            return found;
+        }"""
+    )
+
+
+def truncated_choices(page) -> list[str]:
+    """Answer buttons whose label does not fit and whose full text is not in a tooltip either."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('.widget-toggle-buttons button')]
+            .filter(b => b.offsetParent !== null && b.scrollWidth > b.clientWidth + 1
+                         && (b.getAttribute('title') || '').trim() !== b.textContent.trim())
+            .map(b => b.textContent.trim())"""
+    )
+
+
+def page_text(page) -> str:
+    return page.locator(".jp-NotebookPanel .jp-Notebook").inner_text()
+
+
+PENDING = "Your prediction is still open"
+
+
+def check_reveal_waits_for_the_answer(page, name: str) -> None:
+    """After Run All no reveal has an answer yet; clicking a choice turns its placeholder into the comparison."""
+    text = page_text(page)
+    assert "You predicted" not in text, "a reveal ran with an answer nobody gave"
+    assert PENDING in text, "Run All should leave the reveal waiting for the learner's answer"
+    pending_before = text.count(PENDING)
+    first_choice = page.locator(".widget-toggle-buttons button").first
+    first_choice.scroll_into_view_if_needed()
+    choice_text = first_choice.inner_text().strip()
+    first_choice.click()
+    page.wait_for_function(
+        "([before, marker]) => document.querySelector('.jp-Notebook').innerText.split(marker).length - 1 < before",
+        arg=[pending_before, PENDING], timeout=30_000,
+    )
+    text = page_text(page)
+    assert "This machine measured" in text and (f"You predicted: {choice_text}" in text
+                                                or "You chose not to predict" in text), text[-2000:]
+    assert "Your answer:" in text, "an answered question should turn into plain text"
+    shot(page.locator(".jp-NotebookPanel"), f"{name}-after-answer")
+
+
+def save_and_reopen(page, server, path: str) -> None:
+    """Save the open notebook (outputs and widget state), then open it again as a learner would the next day."""
+    page.evaluate("async () => { await window.jupyterapp.commands.execute('docmanager:save'); }")
+    page.wait_for_function(
+        "() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+    page.evaluate("""async () => {
+        const panel = window.jupyterapp.shell.currentWidget;
+        if (panel && panel.sessionContext) { await panel.sessionContext.shutdown(); }
+    }""")
+    page.goto(server.url(f"/lab/tree/{path}?reset"))
+    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell .jp-OutputArea-output", timeout=60_000)
+    # Widget views render (or fail) asynchronously once the widget manager has read the saved state: wait until
+    # every saved widget output shows either a widget or an error.
+    page.wait_for_function(
+        """() => {
+            const panel = window.jupyterapp.shell.currentWidget;
+            if (!panel || !panel.content) return false;
+            let expected = 0;
+            for (const cell of panel.content.widgets) {
+                if (cell.model.type !== 'code') continue;
+                for (const out of cell.model.outputs.toJSON()) {
+                    if (out.data && out.data['application/vnd.jupyter.widget-view+json']) expected += 1;
+                }
+            }
+            const settled = [...document.querySelectorAll('.jp-OutputArea-output')].filter(
+                n => n.querySelector('.jupyter-widgets') || n.innerText.includes('Error displaying widget')
+                     || n.innerText.includes('model not found'));
+            return settled.length >= expected;
+        }""",
+        timeout=60_000,
+    )
+
+
 def cell_of(page, selector: str):
     """The notebook cell containing ``selector`` (for screenshots)."""
     return page.locator(".jp-Cell", has=page.locator(selector)).first
@@ -322,6 +422,16 @@ def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, notebook):
     page.screenshot(path=str(SCREENSHOTS / f"{notebook.stem}-page.png"), full_page=False)
     assert error_outputs(page) == [], f"{rel} shows an error output"
     assert widget_errors(page) == []
+    assert ansi_outputs(page) == [], f"{rel} shows raw ANSI colour codes"
+    assert truncated_choices(page) == [], f"{rel} cuts off answer choices without a tooltip"
     if page.locator(".course-playground").count():
         check_playground(page, notebook.stem)
     check_tqdm_bars(page, notebook.stem)
+    if notebook.name.startswith("00_"):  # the predict/reveal round trip, on the shortest lesson
+        check_reveal_waits_for_the_answer(page, notebook.stem)
+    if notebook.name.startswith(("00_", "02_")):  # reopen: an answered question (00), open ones and widgets (02)
+        save_and_reopen(page, lab_server, rel)
+        assert widget_errors(page) == [], f"{rel} shows a widget error when reopened after saving"
+        assert (("Your answer:" in page_text(page)) if notebook.name.startswith("00_")
+                else page.locator(".widget-toggle-buttons").count() >= 1), "the questions did not come back"
+        shot(page.locator(".jp-NotebookPanel"), f"{notebook.stem}-reopened")

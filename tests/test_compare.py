@@ -109,10 +109,26 @@ def test_compare_interleaves_calibrates_and_measures_exact_fake_times(monkeypatc
     assert result["slow"].seconds == pytest.approx((0.004,) * 4)
     v = result.verdict("fast", "slow")
     assert v.outcome == "faster" and v.ratio == pytest.approx(4.0)
-    # After the warm-up (one call each), rounds alternate the order: fast slow, slow fast, fast slow, slow fast.
+    # Warm-up: one call each, then one round's worth to re-check the calibration. Then the rounds alternate the
+    # order: fast slow, slow fast, fast slow, slow fast.
+    assert order[:15] == ["fast"] * 11 + ["slow"] * 4
     rounds = [["fast"] * 10 + ["slow"] * 3, ["slow"] * 3 + ["fast"] * 10] * 2
-    assert order[2:] == [name for r in rounds for name in r]
+    assert order[15:] == [name for r in rounds for name in r]
     assert result.fastest() == "fast" and "| fast | 1 ms | 4 |" in result.table()
+
+
+def test_a_slow_first_call_does_not_shorten_the_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(cmp, "_clock", clock)
+    calls = {"n": 0}
+
+    def lazy() -> None:  # the first call pays 5 ms of lazy initialisation, then each call costs 0.1 ms
+        calls["n"] += 1
+        clock.now += 0.005 if calls["n"] == 1 else 0.0001
+
+    result = cmp.compare({"lazy": lazy, "other": lazy}, rounds=2, min_round_s=0.01, threads=1)
+    # Calibrated on the first call alone, a round would be 2 calls (0.2 ms): far too short for a clock to resolve.
+    assert result.calls_per_round["lazy"] == 100
 
 
 def test_compare_stops_at_the_budget_after_min_rounds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from course_lib.data import LoaderConfigError
-from course_lib.perf.loaders import experiment_order, loader_sweep, measure_loader, recommend_workers
+from course_lib.perf.loaders import (compare_loaders, experiment_order, loader_sweep, measure_loader,
+                                     recommend_workers)
 from course_lib.perf.synthetic import SyntheticImages
 
 
@@ -56,3 +57,37 @@ def test_steady_rate_excludes_each_epochs_first_batch() -> None:
     two_epochs = measure_loader(data, n_batches=3, batch_size=4, epochs=2)
     assert two_epochs["samples"] == 24 and two_epochs["steady_samples_per_s"] > 0
     assert len(two_epochs["epoch_first_batch_s"]) == 2
+
+
+def test_compare_loaders_warms_up_interleaves_and_gives_verdicts() -> None:
+    data = SyntheticImages(n=48, shape=(3, 8, 8))
+    configs = [c for c in experiment_order(batch_size=8, max_workers=1)
+               if c["step"] in ("baseline", "workers", "pin_memory")]
+    comparison, rows = compare_loaders(data, configs, n_batches=2, rounds=3, progress=False)
+    assert [r["label"] for r in rows] == [c["label"] for c in configs]
+    measured = [r for r in rows if not r["skipped"]]
+    assert len(measured) == 2 and all(r["rounds"] == 3 and r["samples_per_s"] > 0 for r in measured)
+    assert measured[0]["speedup"] == pytest.approx(1.0)
+    assert all(len(comparison[r["label"]].seconds) == 3 for r in measured)  # the warm-up run is not a round
+    verdict = comparison.verdict(measured[1]["label"], measured[0]["label"])
+    assert verdict.outcome in ("faster", "slower", "too_close", "busy")
+    assert next(r for r in rows if r["pin_memory"])["skipped"]
+    with pytest.raises(ValueError, match="label"):
+        compare_loaders(data, [dict(configs[0]), dict(configs[0])], n_batches=1, progress=False)
+    with pytest.raises(ValueError, match="exactly one"):
+        compare_loaders(data, configs, n_batches=1, n_samples=8, progress=False)
+    # n_samples: every config delivers the same samples, whatever its batch size.
+    sizes = [dict(configs[0], label="batch 4", batch_size=4), dict(configs[0], label="batch 8", batch_size=8)]
+    _, same = compare_loaders(data, sizes, n_samples=16, rounds=1, progress=False)
+    assert [r["samples"] for r in same] == [16, 16] and [r["batches"] for r in same] == [4, 2]
+
+
+def test_worker_memory_is_proportional_not_summed_rss() -> None:
+    data = SyntheticImages(n=32, shape=(3, 8, 8))
+    row = measure_loader(data, n_batches=2, batch_size=8, num_workers=2)
+    if row["memory_kind"] != "PSS":
+        pytest.skip(f"this OS reports {row['memory_kind']}, not PSS")
+    assert row["n_worker_processes"] >= 2
+    # Forked workers share the main process's pages: their proportional share is far below a full copy each.
+    assert 0 < row["workers_mb"] < row["workers_rss_mb"]
+    assert row["host_mb"] <= row["host_rss_mb"]

@@ -14,9 +14,14 @@ def tiny_model() -> torch.nn.Module:
 
 
 def test_sleeping_dataset_is_input_bound() -> None:
-    data = SyntheticImages(n=64, shape=(3, 4, 4), sleep_s=0.02)
+    data = SyntheticImages(n=64, shape=(3, 4, 4), sleep_s=0.05)
     loader = make_loader(data, batch_size=4, train=True)
-    split = time_split(tiny_model(), loader, device="cpu", steps=3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a busy machine, a thread per core stalls even this tiny model's step
+    try:
+        split = time_split(tiny_model(), loader, device="cpu", steps=3)
+    finally:
+        torch.set_num_threads(threads)
     assert split.steps == 3
     assert split.fractions["data"] > 0.5
     assert sum(split.fractions.values()) == __import__("pytest").approx(1.0)

@@ -96,3 +96,21 @@ def test_table_and_plot_render_skipped_rows():
 def test_a_tiny_dataset_is_refused_before_any_work():
     with pytest.raises(ValueError, match="at least"):
         widgets.loader_playground(TensorDataset(torch.zeros(3, 1)), device="cpu")
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def test_many_runs_fit_a_narrow_window():
+    rows = [{"num_workers": i % 3, "batch_size": 64, "samples_per_s": 100.0 + i, "step": "workers",
+             "label": f"2 epochs, workers={i % 3}, persistent", "host_mb": 200.0, "workers_mb": 50.0,
+             "memory_kind": "PSS"} for i in range(14)]
+    table = widgets.results_table_html(rows)
+    assert "overflow:auto" in table and "max-width:100%" in table  # scrolls in its own box
+    assert "250" in table and "PSS" in table  # memory is host + workers, and says which measure
+    few, many = widgets.samples_per_s_png(rows[:3]), widgets.samples_per_s_png(rows)
+    (w_few, h_few), (w_many, h_many) = _png_size(few), _png_size(many)
+    assert w_few == w_many and h_many > h_few  # one bar per line: the plot grows down, labels never collide
+    assert widgets._bar_label(3, {"num_workers": 2, "batch_size": 64, "persistent_workers": True, "epochs": 2}) \
+        == "#3 w2 b64 persist 2ep"

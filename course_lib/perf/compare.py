@@ -361,6 +361,9 @@ def compare(
         for n in names:  # warm-up, which also calibrates the calls per round
             one = _time_round(contenders[n], warmup, device)
             calls[n] = max(1, math.ceil(min_round_s / one)) if one > 0 else 1
+            if calls[n] > 1:  # the first calls paid for lazy initialisation: calibrate again on a full round
+                one = _time_round(contenders[n], calls[n], device)
+                calls[n] = max(1, math.ceil(min_round_s / one)) if one > 0 else 1
         times: dict[str, list[float]] = {n: [] for n in names}
         stopped = False
         for i in range(rounds):

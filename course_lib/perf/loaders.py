@@ -31,7 +31,8 @@ import torch
 from torch.utils.data import Dataset
 
 from course_lib.device import synchronize
-from course_lib.perf.memory import MB, host_rss_mb
+from course_lib.perf.compare import Comparison, compare
+from course_lib.perf.memory import host_rss_mb, process_footprint_mb
 from course_lib.perf.timing import _first_tensor, to_device
 from course_lib.perf import timing as _timing
 
@@ -89,8 +90,12 @@ def measure_loader(
     * ``first_batch_s``: seconds from ``iter(loader)`` to the first batch of the first epoch (worker start-up);
     * ``epoch_first_batch_s``: the same for every epoch -- with ``persistent_workers`` the second is much smaller;
     * ``total_s``, ``samples``, ``batches``;
-    * ``host_rss_mb``: this process's resident memory, and ``workers_rss_mb``: the workers' summed RSS, both read
-      while the workers were alive (each worker holds its own copy of the dataset object).
+    * ``host_mb`` and ``workers_mb``: this process's memory and the workers' (summed), read while the workers
+      were alive, as ``memory_kind`` says -- PSS on Linux, so shared pages are split between the processes
+      sharing them and ``host_mb + workers_mb`` is the real footprint (see
+      :func:`course_lib.perf.memory.process_footprint_mb`); ``host_rss_mb`` and ``workers_rss_mb``: the same
+      as RSS, for reference only (summed RSS counts the pages workers share with this process once per worker).
+      Reading memory is slow (the OS walks the page tables), so the clock is paused meanwhile.
 
     Batches are copied to ``device`` with ``non_blocking=pin_memory`` (an asynchronous copy needs pinned memory),
     and the device is synchronised before the clock stops.
@@ -114,8 +119,8 @@ def measure_loader(
     samples = batches = 0
     epoch_first: list[float] = []
     steady_s, steady_samples = 0.0, 0
-    workers_rss = 0.0
-    rss = host_rss_mb()
+    memory: dict[str, Any] = {}
+    paused = 0.0  # seconds spent reading memory, taken off the clock
     synchronize(device)
     t_start = clock()
     for _ in range(epochs):
@@ -127,10 +132,10 @@ def measure_loader(
             if i == 0:
                 synchronize(device)
                 epoch_first.append(clock() - t0)
-                if not epoch_first[:-1]:  # first epoch: read memory while the workers are alive
-                    rss = host_rss_mb()
-                    kids = psutil.Process().children(recursive=True)
-                    workers_rss = sum(_safe_rss(k) for k in kids) / MB
+                if not memory:  # first epoch: read memory while the workers are alive
+                    t_read = clock()
+                    memory = _memory_now()
+                    paused += clock() - t_read
             n = _batch_size_of(batch)
             samples += n
             batches += 1
@@ -142,23 +147,35 @@ def measure_loader(
         steady_s += clock() - t_first
         del it  # non-persistent workers shut down here; persistent ones wait for the next epoch
     synchronize(device)
-    total = clock() - t_start
+    total = clock() - t_start - paused
     return {
         "num_workers": num_workers, "batch_size": batch_size, "pin_memory": pin_memory,
         "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "epochs": epochs,
         "device": str(device), "n_batches": n_batches, "batches": batches, "samples": samples,
         "total_s": total, "samples_per_s": samples / total if total > 0 else float("inf"),
         "steady_samples_per_s": steady_samples / steady_s if steady_samples and steady_s > 0 else None,
-        "first_batch_s": epoch_first[0], "epoch_first_batch_s": epoch_first,
-        "host_rss_mb": rss, "workers_rss_mb": workers_rss,
+        "first_batch_s": epoch_first[0], "epoch_first_batch_s": epoch_first, **memory,
     }
 
 
-def _safe_rss(proc: psutil.Process) -> int:
+def _memory_now() -> dict[str, Any]:
+    """This process's and its worker processes' memory right now (PSS where the OS reports it)."""
+    host, kind = process_footprint_mb()
+    children = psutil.Process().children(recursive=True)
+    workers = [process_footprint_mb(k) for k in children]
+    kinds = {kind, *(k for _, k in workers)}
+    return {
+        "host_mb": host, "workers_mb": sum(v for v, _ in workers), "n_worker_processes": len(workers),
+        "memory_kind": kind if len(kinds) == 1 else "/".join(sorted(kinds)), "host_rss_mb": host_rss_mb(),
+        "workers_rss_mb": sum(_rss_mb(k) for k in children),
+    }
+
+
+def _rss_mb(proc: psutil.Process) -> float:
     try:
-        return proc.memory_info().rss
+        return proc.memory_info().rss / 2**20
     except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return 0
+        return 0.0
 
 
 def _config(step: str, label: str, *, batch_size: int, num_workers: int = 0, pin_memory: bool = False,
@@ -220,7 +237,10 @@ def loader_sweep(
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Measure every configuration in order; one row per config (the median of ``repeats`` runs).
+    """Measure every configuration in order, live; one row per config (the median of ``repeats`` runs).
+
+    Rows are measured one after the other, so a burst of load elsewhere can land on one row only: use it to
+    watch a sweep fill in (the playground does), and :func:`compare_loaders` to draw conclusions from one.
 
     Each row is the config plus :func:`measure_loader`'s fields and ``speedup`` (samples/s relative to the first
     row). ``on_row(row)`` is called as each row finishes, so a widget can plot the sweep live. Pinned-memory rows on
@@ -240,8 +260,14 @@ def loader_sweep(
 
         iterator = tqdm(configs, desc="loader sweep", unit="config")
     base: float | None = None
+    warm = False
     for cfg in iterator:
         row = dict(cfg)
+        if not warm and not (cfg.get("pin_memory") and device.type != "cuda"):
+            # One untimed pass first: the first loader ever built pays for cold file caches and lazy imports,
+            # which would otherwise make whichever row comes first look slow.
+            measure_loader(dataset, n_batches=1, device=device, batch_size=cfg["batch_size"])
+            warm = True
         if cfg.get("pin_memory") and device.type != "cuda":
             row.update(samples_per_s=None, speedup=None,
                        skipped=f"pin_memory only speeds up copies to a CUDA GPU; the batches go to {device.type}")
@@ -260,10 +286,94 @@ def loader_sweep(
     return rows
 
 
+def compare_loaders(
+    dataset: Dataset,
+    configs: Sequence[dict[str, Any]],
+    *,
+    n_batches: int | None = None,
+    n_samples: int | None = None,
+    device: torch.device | str = "cpu",
+    rounds: int = 3,
+    budget_s: float | None = None,
+    progress: bool = True,
+) -> tuple[Comparison, list[dict[str, Any]]]:
+    """Measure loader configurations through the course's protocol (:func:`course_lib.perf.compare.compare`).
+
+    Each configuration is a contender named by its ``label``; one call builds its loader and delivers
+    ``n_batches`` per epoch (worker start-up included, as in training) -- or, with ``n_samples`` instead, as many
+    batches as make ``n_samples`` samples at that config's batch size, so every config does the same work. Every contender is warmed up once, then
+    the rounds run them in alternating order, so a cold cache or a burst of load elsewhere hits all of them
+    alike; ``budget_s`` stops the rounds early (never before three). Returns the :class:`Comparison` (ask it for
+    verdicts: ``comparison.verdict("workers=2", "workers=0 (main process)")``) and one row per config as
+    :func:`loader_sweep` gives them: the run with the median time, ``samples_per_s`` at the median time over the
+    rounds, ``speedup`` over the first measured config, ``rounds``. Pinned-memory configs on a non-CUDA device
+    are not measured (``skipped`` says why).
+    """
+    if (n_batches is None) == (n_samples is None):
+        raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")
+    if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 1):
+        raise ValueError(f"n_samples={n_samples!r} must be an int >= 1.")
+
+    def batches_of(cfg: dict[str, Any]) -> int:
+        return n_batches if n_batches is not None else max(1, n_samples // cfg["batch_size"])  # type: ignore[operator]
+
+    device = torch.device(device)
+    labels = [c.get("label") for c in configs]
+    if any(not label for label in labels) or len(set(labels)) != len(labels):
+        raise ValueError(f"every config needs a distinct 'label' (the contender's name); got {labels}.")
+    measured = [c for c in configs if not (c.get("pin_memory") and device.type != "cuda")]
+    if len(measured) < 2:
+        raise ValueError(f"compare_loaders needs at least two configs it can measure on {device}; got {labels}.")
+    runs: dict[str, list[dict[str, Any]]] = {c["label"]: [] for c in measured}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(measured) * (1 + rounds), desc="loader comparison", unit="run")
+
+    def contender(cfg: dict[str, Any]) -> Callable[[], None]:
+        kwargs = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
+
+        def run() -> None:
+            runs[cfg["label"]].append(measure_loader(dataset, n_batches=batches_of(cfg), device=device, **kwargs))
+            if bar is not None:
+                bar.update()
+
+        return run
+
+    samples = {c["label"]: batches_of(c) * c["batch_size"] * c.get("epochs", 1) for c in measured}
+    try:
+        comparison = compare({c["label"]: contender(c) for c in measured}, rounds=rounds, warmup=1, work=samples,
+                             min_round_s=0.0, budget_s=budget_s, min_rounds=min(3, rounds), device=device)
+    finally:
+        if bar is not None:
+            bar.total = bar.n  # stopped by the budget: the bar ends where the measurement ended
+            bar.refresh()
+            bar.close()
+    rows: list[dict[str, Any]] = []
+    base: float | None = None
+    for cfg in configs:
+        row = dict(cfg)
+        if cfg["label"] not in runs:
+            row.update(samples_per_s=None, speedup=None,
+                       skipped=f"pin_memory only speeds up copies to a CUDA GPU; the batches go to {device.type}")
+        else:
+            timed = runs[cfg["label"]][1:]  # the first run was the warm-up
+            timed.sort(key=lambda r: r["total_s"])
+            m = comparison[cfg["label"]]
+            row.update(timed[len(timed) // 2])
+            row.update(samples_per_s=m.rate, rounds=len(m.seconds), skipped=None)
+            base = base if base is not None else m.rate
+            row["speedup"] = m.rate / base
+        rows.append(row)
+    return comparison, rows
+
+
 def median_samples_per_s(rows: Sequence[dict[str, Any]]) -> float:
     """Median samples/s over measured rows (helper for summaries)."""
     values = [r["samples_per_s"] for r in rows if r.get("samples_per_s")]
     return statistics.median(values) if values else float("nan")
 
 
-__all__ = ["measure_loader", "experiment_order", "loader_sweep", "recommend_workers", "usable_cores"]
+__all__ = ["measure_loader", "experiment_order", "loader_sweep", "compare_loaders", "recommend_workers",
+           "usable_cores"]

@@ -99,6 +99,34 @@ def host_rss_mb() -> float:
     return psutil.Process().memory_info().rss / MB
 
 
+def process_footprint_mb(proc: psutil.Process | None = None) -> tuple[float, str]:
+    """The memory a process really costs, in MiB, and which measure that is: ``(value, "PSS" | "USS" | "RSS")``.
+
+    RSS counts every page a process maps, including pages it *shares*: DataLoader workers are forked from the
+    main process, so each worker's RSS repeats the main process's libraries and tensors, and summing RSS over
+    workers counts those pages once per worker. **PSS** (proportional set size, Linux) divides each shared page
+    among the processes sharing it, so PSS values add up to the real footprint of a group of processes. Where
+    the OS has no PSS (macOS, Windows), **USS** (unique set size: pages no other process maps) is the next best:
+    it never double-counts, but leaves shared pages out entirely. RSS is the last resort. A process that is gone
+    or not ours counts 0.
+    """
+    proc = psutil.Process() if proc is None else proc
+    try:
+        info = proc.memory_full_info()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return 0.0, "PSS"
+    except psutil.AccessDenied:
+        try:
+            return proc.memory_info().rss / MB, "RSS"
+        except (psutil.Error, OSError):
+            return 0.0, "RSS"
+    for kind in ("pss", "uss"):
+        value = getattr(info, kind, None)
+        if value is not None:
+            return value / MB, kind.upper()
+    return info.rss / MB, "RSS"
+
+
 @dataclass
 class PeakMemory:
     """Context manager: the peak memory used while the block ran, and what that number means.
@@ -170,5 +198,6 @@ def peak_memory(fn: Callable[[], Any], *, device: torch.device | str = "cpu") ->
 
 
 __all__ = [
-    "count_parameters", "stored_bytes", "training_memory_estimate", "host_rss_mb", "PeakMemory", "peak_memory",
+    "count_parameters", "stored_bytes", "training_memory_estimate", "host_rss_mb", "process_footprint_mb", "PeakMemory",
+    "peak_memory",
 ]
