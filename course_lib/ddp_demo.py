@@ -18,6 +18,10 @@ and read what each rank prints:
 4. **FSDP2 sharding.** With ``--strategy fsdp`` each rank *stores* only its shard of every parameter;
    it prints how many elements it holds against the full model.
 5. **Rank-0 logging.** Summaries are printed by rank 0 only; per-rank lines say so explicitly.
+6. **Results as files.** With ``--results DIR`` every rank also writes what it saw (its shards, local losses,
+   stored elements, whether the ranks ended identical) to ``DIR/<strategy>.rank<R>.json``;
+   :func:`read_results` and :func:`summary_table` turn those files into one compact table per run, so a
+   notebook never parses the printed prose.
 
 Everything the processes share (dataset, model) is defined at module scope, so it also works with the
 ``spawn`` start method.
@@ -26,8 +30,11 @@ Everything the processes share (dataset, model) is defined at module scope, so i
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -101,6 +108,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--base-lr", type=float, default=0.05, help="LR tuned for --base-batch samples per step")
     parser.add_argument("--base-batch", type=int, default=8)
     parser.add_argument("--lr-rule", choices=dist.LR_RULES, default="linear")
+    parser.add_argument("--results", default=None,
+                        help="folder where every rank writes <strategy>.rank<R>.json with what it saw")
     args = parser.parse_args(argv)
     for name in ("batch", "steps", "epochs", "base_batch"):
         if getattr(args, name) < 1:
@@ -108,8 +117,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> None:
-    """One small training run with ``strategy``, with the per-rank and rank-0 prints of the module docstring."""
+def _write_json_atomically(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` to ``path`` through a temporary file and a rename: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> dict[str, Any]:
+    """One small training run with ``strategy``, with the per-rank and rank-0 prints of the module docstring.
+
+    Returns this rank's record (also written to ``--results`` when given; see :func:`read_results`).
+    """
 
     def log(message: str) -> None:  # rank-0 logging: one copy of every summary, not world_size copies
         if ctx.is_main:
@@ -129,8 +149,13 @@ def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> None
     model = DemoMLP()
     full_numel = sum(p.numel() for p in model.parameters())
     model = dist.wrap_model(model, ctx, strategy=strategy)
+    local = _local_numel(model)
+    record: dict[str, Any] = {
+        "strategy": strategy, "rank": ctx.rank, "world_size": ctx.world_size, "backend": ctx.backend,
+        "effective_batch": global_batch, "lr": lr, "stored_elements": local, "full_elements": full_numel,
+        "indices": [], "local_losses": [], "mean_losses": [],
+    }
     if strategy == "fsdp":
-        local = _local_numel(model)
         say(f"stores {local} of {full_numel} parameter elements ({100 * local / full_numel:.1f}%) [fsdp shard]")
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
 
@@ -138,7 +163,9 @@ def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> None
     loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
-        say(f"epoch {epoch} first sample indices {list(sampler)[:4]}")
+        indices = list(sampler)
+        record["indices"].append(indices)
+        say(f"epoch {epoch} first sample indices {indices[:4]}")
         for step, (x, y) in enumerate(loader):
             if step == args.steps:
                 break
@@ -149,12 +176,75 @@ def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> None
             optimizer.step()
             say(f"epoch {epoch} step {step} local loss {loss.item():.4f} (differs per rank: different samples)")
             mean_loss = dist.all_reduce_mean(loss.detach().clone())
+            record["local_losses"].append(loss.item())
+            record["mean_losses"].append(mean_loss.item())
             log(f"epoch {epoch} step {step} mean loss over ranks {mean_loss.item():.4f}")
 
     equal = _same_on_all_ranks(_flat_params(model), ctx.world_size)
     log(f"parameters identical on all ranks after training: {'yes' if equal else 'NO'}")
     if strategy == "none" and ctx.world_size > 1:
         log("(strategy none: gradients were never averaged, so each rank trained its own model)")
+    record["identical"] = equal
+    if args.results:
+        _write_json_atomically(Path(args.results) / f"{strategy}.rank{ctx.rank}.json", record)
+    return record
+
+
+def read_results(folder: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
+    """The records the ranks wrote with ``--results folder``: strategy -> records sorted by rank.
+
+    Raises ``FileNotFoundError`` when the folder holds none (the run failed before writing, or wrote elsewhere).
+    """
+    files = sorted(Path(folder).glob("*.rank*.json"))
+    if not files:
+        raise FileNotFoundError(f"no <strategy>.rank<R>.json files in {str(folder)!r}: run the demo with --results.")
+    results: dict[str, list[dict[str, Any]]] = {}
+    for f in files:
+        record = json.loads(f.read_text(encoding="utf-8"))
+        results.setdefault(record["strategy"], []).append(record)
+    for records in results.values():
+        records.sort(key=lambda r: r["rank"])
+    return results
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What one strategy's run showed, from its ranks' records (pure: no process group needed)."""
+    first = records[0]
+    epochs = len(first["indices"])
+    disjoint = all(
+        not set(a["indices"][e]) & set(b["indices"][e])
+        for e in range(epochs) for i, a in enumerate(records) for b in records[i + 1:]
+    )
+    reshuffled = epochs < 2 or all(r["indices"][0] != r["indices"][1] for r in records)
+    losses_differ = len(records) > 1 and any(r["local_losses"] != first["local_losses"] for r in records[1:])
+    stored = [r["stored_elements"] for r in records]
+    return {
+        "strategy": first["strategy"], "ranks": len(records), "effective_batch": first["effective_batch"],
+        "lr": first["lr"], "disjoint_shards": disjoint, "reshuffled_each_epoch": reshuffled,
+        "local_losses_differ": losses_differ, "identical": all(r["identical"] for r in records),
+        "stored_elements": stored, "full_elements": first["full_elements"],
+        "final_mean_loss": first["mean_losses"][-1] if first["mean_losses"] else float("nan"),
+    }
+
+
+def summary_table(results: dict[str, list[dict[str, Any]]]) -> str:
+    """A Markdown table, one row per strategy, of :func:`summarize` (what the lesson shows instead of raw logs)."""
+    rows = [
+        "| strategy | ranks | shards disjoint | reshuffled per epoch | local losses differ | last mean loss "
+        "| weights identical after training | elements stored per rank |",
+        "|---|---:|---|---|---|---:|---|---|",
+    ]
+    yes, same = {True: "yes", False: "no"}, {True: "yes", False: "NO"}
+    for records in results.values():
+        s = summarize(records)
+        full = s["full_elements"]
+        stored = ", ".join(f"{n:,} ({n / full:.0%})" for n in s["stored_elements"])
+        rows.append(
+            f"| {s['strategy']} | {s['ranks']} | {yes[s['disjoint_shards']]} | {yes[s['reshuffled_each_epoch']]} "
+            f"| {yes[s['local_losses_differ']]} | {s['final_mean_loss']:.4f} | {same[s['identical']]} "
+            f"| {stored} of {full:,} |"
+        )
+    return "\n".join(rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
