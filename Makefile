@@ -26,7 +26,8 @@ lab: data
 	$(PY) -m course_lib lab --port $(PORT) --notebook-dir $(NOTEBOOK_DIR)
 
 # The tests use their own small data cache inside the repository (smoke sizes), never the learner's.
-TEST_ENV := COURSE_MODE=smoke COURSE_DATA_DIR=$(CURDIR)/.cache/data
+# Notebooks run by the tests have nobody to answer their questions: reveals are written out at once.
+TEST_ENV := COURSE_MODE=smoke COURSE_DATA_DIR=$(CURDIR)/.cache/data COURSE_UNATTENDED=1
 
 test: setup
 	$(TEST_ENV) $(PY) -m course_lib data prepare --quiet

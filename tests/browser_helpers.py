@@ -106,6 +106,7 @@ def running_lab(
         **command.env,
     }
     full_env.pop("MPLBACKEND", None)  # let the kernel use its inline backend, as on a learner's machine
+    full_env.pop("COURSE_UNATTENDED", None)  # a browser is a learner: questions wait for an answer
     log_path = state_dir / "jupyterlab.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command.argv, env=full_env, stdout=log, stderr=subprocess.STDOUT,

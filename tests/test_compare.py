@@ -59,6 +59,9 @@ def test_work_per_call_turns_times_into_rates() -> None:
     # batch 64 in 10 s per call is 6.4 samples/s; batch 1 in 1 s is 1 sample/s: batch 64 is 6.4x faster per sample.
     v = verdict_from_times(m("batch 64", 10.0, 10.0, 10.0, work=64), m("batch 1", 1.0, 1.0, 1.0, work=1))
     assert v.outcome == "faster" and v.ratio == pytest.approx(6.4)
+    assert "(6.4 vs 1 items/s," in v.sentence()  # rates, not times per call, when the work per call differs
+    samples = Measurement("b64", (10.0,) * 3, 64, "sample"), Measurement("b1", (1.0,) * 3, 1, "sample")
+    assert "samples/s" in verdict_from_times(*samples).sentence()
 
 
 def test_one_hiccup_is_allowed_but_a_repeated_one_is_a_busy_machine() -> None:

@@ -174,3 +174,17 @@ def test_counting_dataset_counts_only_in_its_own_process() -> None:
     assert ds.calls == 8  # main process: counted here
     list(DataLoader(ds, batch_size=4, num_workers=1))
     assert ds.calls == 8  # the worker counted in its own copy; nothing came back
+
+
+def test_unattended_runs_write_reveals_out_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lesson, "_in_live_kernel", lesson._in_live_kernel)
+    import IPython
+
+    class FakeShell:
+        kernel = object()
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: FakeShell())
+    monkeypatch.delenv("COURSE_UNATTENDED", raising=False)
+    assert lesson._in_live_kernel()
+    monkeypatch.setenv("COURSE_UNATTENDED", "1")
+    assert not lesson._in_live_kernel()

@@ -165,6 +165,9 @@ class Verdict:
     busy_factor: float = 2.0
     worst_spread: float = 1.0
     worst_name: str = ""
+    a_work: float = 1.0
+    b_work: float = 1.0
+    unit: str = "call"
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -196,12 +199,18 @@ class Verdict:
             "a_time": format_seconds(self.a_seconds), "b_time": format_seconds(self.b_seconds),
             "rounds": str(self.rounds), "band": f"{self.band:.0%}", "spread": _fmt_ratio(self.worst_spread),
             "busy_name": self.worst_name,
+            "a_rate": _sig3(self.a_work / self.a_seconds), "b_rate": _sig3(self.b_work / self.b_seconds),
         }
 
     def sentence(self) -> str:
         """One sentence stating the verdict with its numbers (what a lesson prints before explaining it)."""
         f = self.fields()
-        numbers = f"{f['a_time']} vs {f['b_time']} per call, median of {f['rounds']} interleaved rounds"
+        if self.a_work != self.b_work:  # different work per call (batch 64 vs batch 1): compare rates
+            unit = "item" if self.unit == "call" else self.unit
+            per = f"{f['a_rate']} vs {f['b_rate']} {unit}s/s"
+        else:
+            per = f"{f['a_time']} vs {f['b_time']} per {self.unit}"
+        numbers = f"{per}, median of {f['rounds']} interleaved rounds"
         if self.outcome == "busy":
             return (
                 f"This machine was too busy to compare {f['a']} with {f['b']}: the same work ({f['busy_name']}) took "
@@ -275,7 +284,7 @@ def verdict_from_times(
     return Verdict(
         a=a.name, b=b.name, outcome=outcome, ratio=ratio, low=low, high=high, rounds=len(paired), band=band,
         a_seconds=a.median_s, b_seconds=b.median_s, busy_factor=busy_factor, worst_spread=worst.spread,
-        worst_name=worst.name,
+        worst_name=worst.name, a_work=a.work, b_work=b.work, unit=a.unit if a.unit == b.unit else "unit",
     )
 
 
@@ -329,11 +338,13 @@ def compare(
     min_rounds: int = 3,
     device: torch.device | str = "cpu",
     threads: int | None = None,
+    unit: str = "call",
 ) -> Comparison:
     """Time every contender in interleaved rounds (see the module docstring) and return a :class:`Comparison`.
 
     ``contenders``: name -> a function doing one unit of the work (one step, one batch, one forward pass).
-    ``work``: units of work per call (e.g. samples), one number or one per contender, for rates.
+    ``work``: units of work per call (e.g. samples), one number or one per contender, for rates; ``unit`` names
+    one unit of work (``"sample"``), for the sentences.
     ``min_round_s``: calls are repeated within a round until it lasts about this long (calibrated in warm-up).
     ``budget_s``: stop after the round that would exceed it (never before ``min_rounds``).
     ``threads``: intra-op threads during the measurement (default :func:`course_threads`); restored afterwards.
@@ -377,5 +388,5 @@ def compare(
                 break
     finally:
         torch.set_num_threads(previous_threads)
-    measurements = {n: Measurement(n, tuple(times[n]), works[n]) for n in names}
+    measurements = {n: Measurement(n, tuple(times[n]), works[n], unit) for n in names}
     return Comparison(measurements, n_threads, calls, stopped)
