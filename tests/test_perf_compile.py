@@ -42,6 +42,14 @@ def test_warm_compile_falls_back_with_reason() -> None:
     torch._dynamo.reset()
 
 
+def test_torch_compile_takes_the_mode_by_keyword_only() -> None:
+    # Everything after the model is keyword-only (since torch.compile appeared in 2.0): a positional mode is a
+    # TypeError, not a value that lands in another parameter.
+    with pytest.raises(TypeError, match="positional"):
+        torch.compile(torch.nn.Linear(2, 2), "max-autotune")  # type: ignore[misc]
+    assert callable(torch.compile(torch.nn.Linear(2, 2), mode="max-autotune"))
+
+
 def test_mode_is_keyword_only_and_checked() -> None:
     with pytest.raises(TypeError):
         compile_or_eager(torch.nn.Linear(2, 2), "max-autotune")  # type: ignore[misc]
@@ -54,6 +62,10 @@ def test_measure_compile_reports_both_sides() -> None:
     result = measure_compile(model, lambda: (torch.randn(4, 8), torch.randint(0, 3, (4,))), steps=2, backend="eager")
     for key in ("eager_step_s", "compiled_step_s", "cold_first_step_s", "speedup"):
         assert result[key] > 0
+    verdict = result["verdict"]
+    assert (verdict.a, verdict.b) == ("compiled", "eager") and verdict.rounds >= 1
+    assert result["speedup"] == verdict.ratio
+    assert result["break_even_steps"] is None or verdict.outcome == "faster"
     torch._dynamo.reset()
 
 

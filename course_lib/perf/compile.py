@@ -15,11 +15,13 @@ Things to know before relying on it:
   length) triggers a *recompilation*: a stall in the middle of training. Static shapes (``drop_last=True``,
   padding to a fixed length) avoid it; ``dynamic=True`` or ``torch._dynamo.mark_dynamic(x, 0)`` compile one graph
   for all sizes. :class:`RecompileCounter` counts compilations; :func:`demonstrate_recompile` shows the stall.
-* **Pass mode by keyword.** The signature is ``torch.compile(model, fullgraph=False, dynamic=None, backend=
-  "inductor", mode=None, ...)`` in recent versions, but ``torch.compile(model, "max-autotune")`` would give the
-  string to the *second* positional parameter (historically ``backend``), not to ``mode`` -- at best an error about
-  an unknown backend, at worst a silently different configuration. Always write ``mode="max-autotune"``.
-  ``"reduce-overhead"`` uses CUDA graphs (GPU only); ``"max-autotune"`` benchmarks kernel variants (long compile).
+* **Pass mode by keyword.** Everything after the model is keyword-only: ``torch.compile(model, *, fullgraph=False,
+  dynamic=None, backend="inductor", mode=None, ...)``, and has been since ``torch.compile`` appeared in 2.0, so
+  ``torch.compile(model, "max-autotune")`` is a ``TypeError``. Write ``mode="max-autotune"``.
+  ``"reduce-overhead"`` uses CUDA graphs (GPU only; elsewhere it behaves like the default). ``"max-autotune"``
+  benchmarks kernel variants and keeps the fastest (long compile): Triton configurations on a GPU, and on a CPU
+  Inductor's C++ GEMM templates against the library matmul (where the weight is constant, e.g. inference with
+  ``torch._inductor.config.freezing``).
 * **TF32** (:func:`enable_tf32`) is a separate switch: on NVIDIA Ampere and newer, fp32 matmuls may run on tensor
   cores with a 10-bit mantissa. ``torch.set_float32_matmul_precision("high")`` enables it for matmuls; it is
   independent of autocast (which changes the *dtype* of activations) and of compile.
@@ -141,13 +143,19 @@ def measure_compile(
     backend: str = "inductor",
     device: torch.device | str = "cpu",
     warmup: int = 2,
+    min_round_s: float = 0.05,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """Training-step time, eager vs compiled, same weights and batches, steady state and cold start separately.
+    """Training-step time, eager vs compiled, same weights and batches, cold start and steady state separately.
 
     ``example_fn()`` returns an ``(x, y)`` batch on ``device``. The compiled copy's first step (the cold compile) is
-    timed alone; then ``warmup`` steps each are discarded; then ``steps`` steps are timed *interleaved* (eager,
-    compiled, eager, ...) so background noise hits both equally; medians are reported.
+    timed alone, next to the eager copy's first step. Then the steady state goes through the course's measurement
+    protocol (:func:`course_lib.perf.compare.compare`): ``warmup`` steps each, then ``steps`` interleaved rounds
+    (stopping early at ``budget_s``). The result holds the medians, ``comparison`` and ``verdict``
+    (compiled vs eager: ``"faster"`` means compiled was faster).
     """
+    from course_lib.perf.compare import compare
+
     _check_mode(mode)
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1.")
@@ -174,19 +182,21 @@ def measure_compile(
         print(f"torch.compile fell back to eager: {reason}")
         compiled = twin
         cold = timed(compiled, opt_c)
-    for _ in range(warmup):
-        timed(eager, opt_e)
-        timed(compiled, opt_c)
-    eager_t, comp_t = [], []
-    for _ in range(steps):
-        eager_t.append(timed(eager, opt_e))
-        comp_t.append(timed(compiled, opt_c))
-    e, c = statistics.median(eager_t), statistics.median(comp_t)
+    comparison = compare(
+        {"compiled": lambda: _train_step(compiled, opt_c, example_fn()),
+         "eager": lambda: _train_step(eager, opt_e, example_fn())},
+        rounds=steps, warmup=max(1, warmup), min_round_s=min_round_s, budget_s=budget_s, device=device,
+        min_rounds=min(3, steps),
+    )
+    verdict = comparison.verdict("compiled", "eager")
+    e, c = comparison["eager"].median_s, comparison["compiled"].median_s
     return {
         "device": str(device), "mode": mode, "backend": backend, "fallback_reason": reason, "steps": steps,
-        "eager_step_s": e, "compiled_step_s": c, "speedup": e / c if c > 0 else float("nan"),
+        "eager_step_s": e, "compiled_step_s": c, "speedup": verdict.ratio,
         "eager_first_step_s": eager_first, "cold_first_step_s": cold,
-        "compile_overhead_s": cold - e, "break_even_steps": (cold - e) / (e - c) if e > c else None,
+        "compile_overhead_s": cold - e,
+        "break_even_steps": (cold - e) / (e - c) if verdict.outcome == "faster" and e > c else None,
+        "comparison": comparison, "verdict": verdict,
     }
 
 

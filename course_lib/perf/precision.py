@@ -1,18 +1,22 @@
-"""fp32 vs bf16 (vs fp16 on CUDA), side by side: same initial weights, same batches, same number of steps.
+"""fp32 vs bf16 vs fp16, side by side: same initial weights, same batches, same number of steps.
 
 What mixed precision (``torch.autocast``) actually does:
 
 * Matmuls and convolutions run in the low-precision dtype (that is where the speed is, on hardware with bf16/fp16
   units: tensor cores, AVX512-BF16/AMX on recent CPUs; elsewhere it can even be *slower*).
-* Reductions, softmax, normalisation layers and the loss stay in fp32 (autocast's op lists), because they lose
-  too much accuracy otherwise. The weights and their gradients stay fp32; the optimizer updates fp32 weights.
+* Reductions, the loss and (on CUDA) softmax and normalisation stay in fp32 (autocast's op lists), because they
+  lose too much accuracy otherwise. The weights and their gradients stay fp32; the optimizer updates fp32 weights.
 * **Memory is not simply halved**: parameters, gradients and optimizer state are unchanged; only the activations
-  saved for backward shrink (and autocast caches a low-precision copy of each weight during the forward).
+  saved for backward shrink (and autocast keeps a low-precision copy of each weight it casts).
+  :func:`saved_activation_bytes` counts exactly what autograd keeps, so the comparison does not depend on which
+  precision happened to run first (the process's resident memory does).
 * **Metrics differ** slightly: rounding changes the trajectory. Compare curves, not bits.
 * fp16 has a narrow exponent range, so small gradients underflow to zero: it needs a ``GradScaler`` (loss
-  scaling). bf16 has fp32's range and needs none. fp16 autocast is only offered on CUDA here.
+  scaling). bf16 has fp32's range and needs none. Both autocast dtypes and the scaler work on the CPU too
+  (``torch.autocast("cpu", dtype=torch.float16)``, ``torch.amp.GradScaler("cpu")``); :func:`grad_scaler_demo`
+  shows the scaler skip a step on an overflow, back off, and grow again.
 
-Test precision alone first (this function), before combining it with compile or other changes.
+Test precision alone first (this module), before combining it with compile or other changes.
 """
 
 from __future__ import annotations
@@ -25,14 +29,172 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from course_lib.device import autocast, resolve_amp_dtype, synchronize
-from course_lib.perf.memory import PeakMemory
+from course_lib.device import autocast, supports_bf16, synchronize
+from course_lib.train.evaluate import evaluate
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def amp_dtype_of(name: str, device: torch.device | str) -> torch.dtype | None:
+    """``"fp32"`` -> ``None``, ``"bf16"`` -> ``torch.bfloat16``, ``"fp16"`` -> ``torch.float16``, checked for ``device``.
+
+    Unlike the training template's ``resolve_amp_dtype`` this accepts fp16 on the CPU: autocast and the GradScaler
+    support it there, which is what a lesson needs to show loss scaling on a laptop.
+    """
+    if name not in PRECISIONS:
+        raise ValueError(f"precision {name!r} is not one of {list(PRECISIONS)}.")
+    dtype = PRECISIONS[name]
+    if dtype is torch.bfloat16 and not supports_bf16(device):
+        raise ValueError(f"bf16 autocast is not supported on {device}; compare 'fp32' and 'fp16' instead.")
+    return dtype
 
 
 def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=-100)
 
 
+# --------------------------------------------------------------------------------------------------------
+# Memory: what autograd saves for backward, counted exactly
+# --------------------------------------------------------------------------------------------------------
+_VIEW_OR_CAST = ("ToCopy", "TBackward", "Transpose", "Permute", "View", "Reshape", "Expand", "Squeeze",
+                 "Unsqueeze", "Alias")
+
+
+def _is_weight_copy(t: torch.Tensor) -> bool:
+    """True for a parameter, or a cast/view of one (autocast's bf16 copy of a weight, its transpose...)."""
+    if isinstance(t, torch.nn.Parameter):
+        return True
+    fn = t.grad_fn
+    for _ in range(8):  # walk back through views and casts only
+        if fn is None or not any(k in type(fn).__name__ for k in _VIEW_OR_CAST):
+            return False
+        parents = [n for n, _ in fn.next_functions if n is not None]
+        if len(parents) != 1:
+            return False
+        fn = parents[0]
+        if type(fn).__name__ == "AccumulateGrad":
+            return isinstance(getattr(fn, "variable", None), torch.nn.Parameter)
+    return False
+
+
+def saved_activation_bytes(
+    model: torch.nn.Module, inputs: torch.Tensor, *, amp_dtype: torch.dtype | None = None
+) -> dict[str, int]:
+    """Bytes autograd keeps for the backward of one ``model(inputs)``, split into activations and weight copies.
+
+    Every tensor saved for backward passes through a ``saved_tensors_hooks`` pack hook. Memory is counted once
+    (a tensor saved by two operations, or overlapping views of one buffer, is one piece of memory), only the bytes
+    the saved views span (a batch that is a slice of a larger tensor counts as the slice), and
+    parameters -- with autocast's low-precision casts of them -- are counted apart from the activations: they are
+    the model's state, not something the batch creates. The result is exact and deterministic: it does not depend
+    on what ran before, unlike the process's resident memory.
+
+    Returns ``{"activation_bytes", "weight_bytes", "saved_tensors", "shared_saves", "activation_bytes_by_dtype"}``
+    (``shared_saves``: saves that pointed at a storage already counted; the last maps ``"torch.float32"`` etc. to
+    bytes, which shows what autocast kept in fp32).
+    """
+    spans: dict[int, list[tuple[int, int]]] = {}  # storage -> byte ranges saved from it
+    kinds: dict[int, tuple[str, str]] = {}  # storage -> (kind, dtype) of its first save
+    saves = 0
+    shared = 0
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saves, shared
+        saves += 1
+        key = t.untyped_storage().data_ptr()
+        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+        start = t.storage_offset() * t.element_size()
+        if key in spans:
+            shared += 1
+        else:
+            kind = "weight" if key in param_ptrs or _is_weight_copy(t) else "activation"
+            kinds[key] = (kind, str(t.dtype))
+            spans[key] = []
+        spans[key].append((start, start + extent * t.element_size()))
+        return t
+
+    was_training = model.training
+    model.train()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with autocast(inputs.device, amp_dtype):
+                model(inputs)
+    finally:
+        model.train(was_training)
+    sizes = {key: _union_bytes(ranges) for key, ranges in spans.items()}
+    by_dtype: dict[str, int] = {}
+    for key, (kind, dtype) in kinds.items():
+        if kind == "activation":
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + sizes[key]
+    return {
+        "activation_bytes": sum(n for key, n in sizes.items() if kinds[key][0] == "activation"),
+        "weight_bytes": sum(n for key, n in sizes.items() if kinds[key][0] == "weight"),
+        "saved_tensors": saves,
+        "shared_saves": shared,
+        "activation_bytes_by_dtype": by_dtype,
+    }
+
+
+def _union_bytes(ranges: list[tuple[int, int]]) -> int:
+    """Total length of the union of ``[start, end)`` byte ranges (overlapping saves of one buffer count once)."""
+    total, reach = 0, None
+    for start, end in sorted(ranges):
+        if reach is None or start >= reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+# --------------------------------------------------------------------------------------------------------
+# Speed: one training step per precision, for course_lib.perf.compare.compare
+# --------------------------------------------------------------------------------------------------------
+def precision_steps(
+    make_model: Callable[[], torch.nn.Module],
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    device: torch.device | str,
+    precisions: Sequence[str] = ("fp32", "bf16"),
+    lr: float = 1e-3,
+) -> dict[str, Callable[[], None]]:
+    """``{precision: step}``: each ``step()`` trains its own copy of one model on the next batch (cycling).
+
+    Hand the dict to :func:`course_lib.perf.compare.compare` to time the precisions in interleaved rounds. The
+    copies start from the same weights; fp16 gets an enabled ``GradScaler``.
+    """
+    device = torch.device(device)
+    dtypes = {p: amp_dtype_of(p, device) for p in precisions}  # bad names fail before any work
+    if not batches:
+        raise ValueError("batches is empty: give at least one (inputs, labels) batch.")
+    base = make_model()
+    moved = [tuple(t.to(device) for t in b[:2]) for b in batches]
+    steps: dict[str, Callable[[], None]] = {}
+    for name, dtype in dtypes.items():
+        model = copy.deepcopy(base).to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+        cursor = [0]
+
+        def step(model=model, opt=opt, scaler=scaler, dtype=dtype, cursor=cursor) -> None:
+            x, y = moved[cursor[0] % len(moved)]
+            cursor[0] += 1
+            with autocast(device, dtype):
+                out = model(x)
+            scaler.scale(_loss(out, y)).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+
+        steps[name] = step
+    return steps
+
+
+# --------------------------------------------------------------------------------------------------------
+# Quality (and, for benchmarks, time and memory): train a copy per precision for the same steps
+# --------------------------------------------------------------------------------------------------------
 def compare_precisions(
     make_model: Callable[[], torch.nn.Module],
     make_batches: Callable[[], Sequence[tuple[torch.Tensor, torch.Tensor]]],
@@ -42,79 +204,137 @@ def compare_precisions(
     precisions: Sequence[str] = ("fp32", "bf16"),
     lr: float = 1e-3,
 ) -> list[dict[str, Any]]:
-    """Train a copy of one model under each precision and return one row per precision.
+    """Train a copy of one model under each precision for ``steps`` steps; one row per precision.
 
     ``make_model()`` is called once (the copies share its initial weights); ``make_batches()`` once (every
-    precision sees the same batches in the same order, cycled for ``steps`` steps). Rows: precision, step_ms
-    (median, first step excluded), peak_mb and peak_what (see :class:`~course_lib.perf.memory.PeakMemory`),
-    final_loss (training loss of the last step), eval_loss and eval_acc (fp32 evaluation of the trained copy on the
-    batches), and the ratios step_time_vs_fp32 and peak_vs_fp32 when fp32 is in the list.
+    precision sees the same batches in the same order, cycled). Rows: precision, step_ms (median, first step
+    excluded: a rough figure; time comparisons belong to :func:`precision_steps` + ``compare``), activation_mb,
+    activation_fp32_mb and activation_int_mb (the parts saved as fp32 and as
+    integers, e.g. max-pool indices), and weight_copy_mb (:func:`saved_activation_bytes`, first batch), final_loss (training loss of the last
+    step), eval_loss and eval_acc (fp32 :func:`~course_lib.train.evaluate.evaluate` of the trained copy on the
+    batches), and the ratios step_time_vs_fp32 and activation_vs_fp32 when fp32 is in the list.
     """
     if steps < 2:
         raise ValueError(f"steps={steps} must be >= 2 (the first step is excluded from timing).")
     device = torch.device(device)
-    for p in precisions:
-        if p == "fp16" and device.type != "cuda":
-            raise ValueError("precision 'fp16' needs CUDA (with a GradScaler); on this device compare fp32 and bf16.")
-        resolve_amp_dtype(p, device)  # raises a clear error for unknown/unsupported names before any work
+    dtypes = {p: amp_dtype_of(p, device) for p in precisions}  # clear errors before any work
     base = make_model()
     batches = [tuple(t.to(device) for t in b[:2]) for b in make_batches()]
     if not batches:
         raise ValueError("make_batches() returned no batch.")
     rows: list[dict[str, Any]] = []
-    for name in precisions:
-        amp = resolve_amp_dtype(name, device)
+    for name, amp in dtypes.items():
         model = copy.deepcopy(base).to(device).train()
+        saved = saved_activation_bytes(model, batches[0][0], amp_dtype=amp)
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
-        scaler = torch.amp.GradScaler(device.type, enabled=(name == "fp16"))
+        scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
         times: list[float] = []
-        last = float("nan")
-        with PeakMemory(device) as pm:
-            for i in range(steps):
-                x, y = batches[i % len(batches)]
-                synchronize(device)
-                t0 = time.perf_counter()
-                with autocast(device, amp):
-                    out = model(x)
-                loss = _loss(out, y)
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-                opt.zero_grad(set_to_none=True)
-                synchronize(device)
-                times.append(time.perf_counter() - t0)
-                last = loss.item()
-        model.eval()
-        total_loss, correct, count = 0.0, 0, 0
-        with torch.no_grad():
-            for x, y in batches:
-                out = model(x).float()
-                total_loss += F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=-100,
-                                              reduction="sum").item()
-                mask = y.reshape(-1) != -100
-                correct += (out.reshape(-1, out.shape[-1]).argmax(-1)[mask] == y.reshape(-1)[mask]).sum().item()
-                count += int(mask.sum())
+        last = torch.zeros((), device=device)
+        skipped = 0
+        for i in range(steps):
+            x, y = batches[i % len(batches)]
+            synchronize(device)
+            t0 = time.perf_counter()
+            with autocast(device, amp):
+                out = model(x)
+            loss = _loss(out, y)
+            scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            synchronize(device)
+            times.append(time.perf_counter() - t0)
+            last = loss.detach()
+            if scaler.is_enabled() and scaler.get_scale() < scale_before:
+                skipped += 1
+        metrics = evaluate(model, batches, device)
         rows.append({
             "precision": name, "device": str(device), "steps": steps,
-            "step_ms": 1000 * statistics.median(times[1:]), "peak_mb": pm.peak_mb, "peak_delta_mb": pm.delta_mb,
-            "peak_what": pm.what, "final_loss": last, "eval_loss": total_loss / max(1, count),
-            "eval_acc": correct / max(1, count),
+            "step_ms": 1000 * statistics.median(times[1:]),
+            "activation_mb": saved["activation_bytes"] / 2**20, "weight_copy_mb": saved["weight_bytes"] / 2**20,
+            "activation_fp32_mb": saved["activation_bytes_by_dtype"].get("torch.float32", 0) / 2**20,
+            "activation_int_mb": sum(n for d, n in saved["activation_bytes_by_dtype"].items()
+                                     if "int" in d or "bool" in d) / 2**20,
+            "final_loss": float(last), "eval_loss": metrics["loss"], "eval_acc": metrics["acc"],
+            "skipped_steps": skipped,
         })
     ref = next((r for r in rows if r["precision"] == "fp32"), None)
     for r in rows:
         r["step_time_vs_fp32"] = r["step_ms"] / ref["step_ms"] if ref else None
-        r["peak_vs_fp32"] = r["peak_delta_mb"] / ref["peak_delta_mb"] if ref and ref["peak_delta_mb"] > 0 else None
+        r["activation_vs_fp32"] = r["activation_mb"] / ref["activation_mb"] if ref and ref["activation_mb"] else None
     return rows
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
-    """A plain-text side-by-side table of :func:`compare_precisions` rows."""
-    lines = [f"{'precision':<9} {'step ms':>9} {'x fp32':>7} {'peak +MiB':>10} {'final loss':>11} {'eval acc':>9}"]
+    """A plain-text side-by-side table of :func:`compare_precisions` rows (memory and quality)."""
+    lines = [f"{'precision':<9} {'activations MiB':>15} {'weight copies MiB':>17} {'final loss':>11} "
+             f"{'eval loss':>10} {'eval acc':>9}"]
     for r in rows:
-        ratio = f"{r['step_time_vs_fp32']:.2f}" if r.get("step_time_vs_fp32") else "-"
-        lines.append(f"{r['precision']:<9} {r['step_ms']:>9.2f} {ratio:>7} {r['peak_delta_mb']:>10.1f} "
-                     f"{r['final_loss']:>11.4f} {r['eval_acc']:>9.3f}")
+        lines.append(f"{r['precision']:<9} {r['activation_mb']:>15.2f} {r['weight_copy_mb']:>17.2f} "
+                     f"{r['final_loss']:>11.4f} {r['eval_loss']:>10.4f} {r['eval_acc']:>9.3f}")
     return "\n".join(lines)
 
 
-__all__ = ["compare_precisions", "format_rows"]
+# --------------------------------------------------------------------------------------------------------
+# Loss scaling, watched step by step
+# --------------------------------------------------------------------------------------------------------
+def grad_scaler_demo(
+    *,
+    steps: int = 8,
+    overflow_at: Sequence[int] = (3,),
+    init_scale: float = 2.0**10,
+    growth_interval: int = 2,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Train a tiny model with fp16 autocast and an enabled ``GradScaler``; one row per step.
+
+    At the steps in ``overflow_at`` the batch is multiplied by 1e6, which overflows fp16 (largest value 65,504):
+    the forward produces ``inf``, the gradients are ``inf``/``nan``, and the scaler must **skip** the optimizer
+    step and halve its scale (``backoff_factor=0.5``). After ``growth_interval`` clean steps in a row it doubles the
+    scale (``growth_factor=2``). Rows: step, overflow (injected), scale_before, scale_after, skipped (the weights did
+    not change), loss.
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r} must be a whole number >= 1.")
+    bad = [s for s in overflow_at if not (isinstance(s, int) and 0 <= s < steps)]
+    if bad:
+        raise ValueError(f"overflow_at={list(overflow_at)} has steps {bad} outside 0..{steps - 1}.")
+    if not isinstance(growth_interval, int) or growth_interval < 1:
+        raise ValueError(f"growth_interval={growth_interval!r} must be a whole number >= 1.")
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(seed)
+    model = torch.nn.Linear(16, 4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    model.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=growth_interval)
+    rows: list[dict[str, Any]] = []
+    for step in range(steps):
+        x = torch.randn(8, 16, generator=g).to(device)
+        y = torch.randint(0, 4, (8,), generator=g).to(device)
+        overflow = step in overflow_at
+        if overflow:
+            x = x * 1e6
+        before_w = [p.detach().clone() for p in model.parameters()]
+        scale_before = scaler.get_scale()
+        with torch.autocast(device.type, dtype=torch.float16):
+            out = model(x)
+        loss = F.cross_entropy(out.float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        unchanged = all(torch.equal(a, p) for a, p in zip(before_w, model.parameters()))
+        rows.append({"step": step, "overflow": overflow, "scale_before": scale_before,
+                     "scale_after": scaler.get_scale(), "skipped": unchanged, "loss": float(loss.detach())})
+    return rows
+
+
+__all__ = [
+    "PRECISIONS", "amp_dtype_of", "saved_activation_bytes", "precision_steps", "compare_precisions", "format_rows",
+    "grad_scaler_demo",
+]
