@@ -13,26 +13,36 @@ import nbformat
 import pytest
 
 from course_lib.grading import build, notebook
-from course_lib.grading.api import CheckFailed, check_for, run_check, Check
+from course_lib.grading.api import CheckFailed, call, check_for, run_check, Check
 from course_lib.grading.grade import main as grade_main
 from course_lib.grading.runner import grade_notebook
 
 REPO = Path(__file__).resolve().parents[1]
 
 TOY_CHECKS = '''
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe
+
+
+def _double(ns):
+    return call(need(ns, "double", "define `double(x)` in the exercise cell"), 21)
+
+
+def _half(ns):
+    return call(need(ns, "half", "define `half(x)` in the exercise cell"), 9)
+
 
 @check_for("90", "doubles")
 def doubles(ns):
-    double = need(ns, "double", "define `double(x)` in the exercise cell")
-    if double(21) != 42:
-        raise CheckFailed("double(21) is wrong", hint="multiply by two", expected=42, got=double(21))
+    got = observe(ns, _double)
+    if got != 42:
+        raise CheckFailed("double(21) is wrong", hint="multiply by two", expected=42, got=got)
+
 
 @check_for("90", "halves", points=2)
 def halves(ns):
-    half = need(ns, "half", "define `half(x)` in the exercise cell")
-    if half(9) != 4.5:
-        raise CheckFailed("half(9) is wrong", expected=4.5, got=half(9))
+    got = observe(ns, _half)
+    if got != 4.5:
+        raise CheckFailed("half(9) is wrong", expected=4.5, got=got)
 '''
 
 
@@ -123,13 +133,13 @@ def test_run_check_turns_every_ending_into_a_result() -> None:
         sys.exit(3)
 
     def crashes(ns: dict) -> None:
-        raise KeyError("x")
+        call(lambda x: {}["x"], 7)
 
     results = {f.__name__: run_check(Check("90", f.__name__, 1, f, "test"), {}) for f in (stub, wrong, exits, crashes)}
     assert results["stub"].message == "not attempted yet: Exercise 90.1: do it"
     assert (results["wrong"].hint, results["wrong"].expected, results["wrong"].got) == ("count from zero", "[0, 1]", "[1, 2]")
     assert "sys.exit(3)" in results["exits"].message
-    assert "KeyError" in results["crashes"].message
+    assert "KeyError" in results["crashes"].message and "(7)" in results["crashes"].message
     assert not any(r.passed for r in results.values())
 
 
@@ -139,8 +149,8 @@ def test_run_check_turns_every_ending_into_a_result() -> None:
 def test_solution_passes_and_stub_fails_in_isolation(tmp_path: Path, extra: Path) -> None:
     toy_notebook(tmp_path / "solutions" / "90_toy.ipynb")
     build.build(tmp_path / "solutions", tmp_path / "exercises")
-    good = grade_notebook(tmp_path / "solutions" / "90_toy.ipynb", "90", extra_dirs=[extra], timeout_s=60)
-    stub = grade_notebook(tmp_path / "exercises" / "90_toy.ipynb", "90", extra_dirs=[extra], timeout_s=60)
+    good = grade_notebook(tmp_path / "solutions" / "90_toy.ipynb", "90", extra_dirs=[extra], timeout_s=60).results
+    stub = grade_notebook(tmp_path / "exercises" / "90_toy.ipynb", "90", extra_dirs=[extra], timeout_s=60).results
     assert [r.passed for r in good] == [True, True]
     assert [r.message for r in stub] == ["not attempted yet: Exercise 90.1: return twice x",
                                         "not attempted yet: Exercise 90.2: return half of x"]
@@ -148,7 +158,7 @@ def test_solution_passes_and_stub_fails_in_isolation(tmp_path: Path, extra: Path
 
 def test_wrong_answer_gets_message_hint_and_diff(tmp_path: Path, extra: Path) -> None:
     path = toy_notebook(tmp_path / "90_toy.ipynb", double_body="return x + 2")
-    first, second = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=60)
+    first, second = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=60).results
     assert not first.passed and second.passed
     assert (first.message, first.hint, first.expected, first.got) == ("double(21) is wrong", "multiply by two", "42", "23")
 
@@ -156,7 +166,7 @@ def test_wrong_answer_gets_message_hint_and_diff(tmp_path: Path, extra: Path) ->
 @pytest.mark.parametrize("body, message", [
     ("while True: pass", "timed out"),
     ("import os; os._exit(7)", "exit code 7"),
-    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "ended early"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "ended before"),
 ])
 def test_hostile_code_fails_checks_without_hanging_the_grader(tmp_path: Path, extra: Path, body: str,
                                                               message: str) -> None:
@@ -165,9 +175,9 @@ def test_hostile_code_fails_checks_without_hanging_the_grader(tmp_path: Path, ex
     nb = json.loads(path.read_text())
     nb["cells"][2]["source"] = "".join(nb["cells"][2]["source"]) + "\n" + body
     path.write_text(json.dumps(nb))
-    results = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=8)
+    results = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=8).results
     assert len(results) == 2 and not any(r.passed for r in results)
-    assert all(message in r.message for r in results)
+    assert all(message in r.message for r in results), [r.message for r in results]
 
 
 def test_sys_exit_in_a_cell_and_invalid_json_are_failed_checks(tmp_path: Path, extra: Path) -> None:
@@ -175,11 +185,12 @@ def test_sys_exit_in_a_cell_and_invalid_json_are_failed_checks(tmp_path: Path, e
     nb = json.loads(path.read_text())
     nb["cells"][4]["source"] = "import sys\nsys.exit(0)"
     path.write_text(json.dumps(nb))
-    doubles, halves = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=60)
+    doubles, halves = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=60).results
     assert doubles.passed and not halves.passed and "sys.exit" in halves.message
     path.write_text("{ not json")
-    results = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=60)
-    assert not any(r.passed for r in results) and "not a valid notebook" in results[0].message
+    graded = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=60)
+    assert graded.status == "invalid notebook"
+    assert not any(r.passed for r in graded.results) and "not a valid notebook" in graded.results[0].message
 
 
 # ---------------------------------------------------------------- grade command

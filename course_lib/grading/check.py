@@ -54,9 +54,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not numbers:
         print(f"no NN_topic.ipynb notebooks in {args.notebooks}", file=sys.stderr)
         return 1
+    from course_lib.grading import sandbox
+
+    print(sandbox.describe())
     graded = grade_notebooks({n: found.get(n) for n in numbers}, timeout_s=args.timeout)
-    results = [r for n in numbers for r in graded[n]]
+    results = [r for n in numbers for r in graded[n].results]
     print(format_results(results))
     if missing:
         print(f"not found in {args.notebooks}: exercise(s) {', '.join(missing)}")
-    return 0 if results and all(r.passed for r in results) else 1
+    copied = [n for n in numbers if graded[n].uses_reference]
+    for n in copied:
+        print(f"exercise {n} uses the reference implementation ({', '.join(graded[n].uses_reference)}): "
+              "its checks pass, but this does not count as your solution; write the function yourself")
+    return 0 if results and all(r.passed for r in results) and not copied else 1
