@@ -203,26 +203,18 @@ _EVENTS = [
 
 def _tops(ns: dict[str, Any]) -> dict[str, Any]:
     fn = need(ns, "top_ops", "define `top_ops(prof, k=5)` in the exercise cell")
-    fake = call(fn, _FakeProfile(_EVENTS), k=3)
-    # And on a real profile of a tiny model: its events go to the grader with the answer.
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for _ in range(2):
-            model(torch.randn(8, 16)).sum().backward()
-    real = call(fn, prof, k=5)
-    events = [[e.key, float(e.self_cpu_time_total)] for e in prof.key_averages()]
-    as_pairs = lambda got: [list(i) for i in got] if isinstance(got, (list, tuple)) and all(  # noqa: E731
-        isinstance(i, (list, tuple)) and len(i) == 2 for i in got) else one_line(got)
-    return {"fake": as_pairs(fake), "real": as_pairs(real), "events": events}
+    got = call(fn, _FakeProfile(_EVENTS), k=3)
+    if isinstance(got, (list, tuple)) and all(isinstance(i, (list, tuple)) and len(i) == 2 for i in got):
+        return [[one_line(name) if not isinstance(name, str) else name,
+                 float(ms) if isinstance(ms, (int, float)) else one_line(ms)] for name, ms in got]
+    return one_line(got)
 
 
 @check_for("02", "top operations by self time, in ms")
 def top_operations(ns: dict[str, Any]) -> None:
     fake = _FakeProfile(_EVENTS)
     expected = _reference_top(fake, 3)
-    seen = observe(ns, _tops)
-    got = seen["fake"]
+    got = observe(ns, _tops)
     got_list = [tuple(item) for item in got] if isinstance(got, (list, tuple)) else got
     names = [n for n, _ in got_list] if isinstance(got_list, list) and all(len(i) == 2 for i in got_list) else None
     if names is None:
@@ -238,11 +230,6 @@ def top_operations(ns: dict[str, Any]) -> None:
         if not isinstance(have, (int, float)) or not math.isclose(have, want, rel_tol=1e-6):
             hint = "the profiler reports microseconds: divide by 1000 for milliseconds"
             raise CheckFailed("self times should be in milliseconds", hint=hint, expected=expected, got=got_list)
-    want = _reference_top(_FakeProfile([_Event(k, t, t) for k, t in seen["events"]]), 5)
-    have = seen["real"]
-    if not isinstance(have, list) or sorted(round(float(t), 6) for _, t in have) != sorted(round(t, 6) for _, t in want):
-        raise CheckFailed("on a real torch.profiler profile the top-5 differ from key_averages() sorted by self time",
-                          expected=want, got=have)
 
 
 # ------------------------------------------------------------------ verdict
