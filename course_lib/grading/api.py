@@ -103,9 +103,11 @@ class Replay:
     hands them out. Anything else that tries to read it as a namespace is a bug in the check.
     """
 
-    def __init__(self, records: list[dict[str, Any]], missing: str = "no observation was recorded") -> None:
+    def __init__(self, records: list[dict[str, Any]], missing: str = "no observation was recorded",
+                 seed: int = 0) -> None:
         self.records = list(records)
         self.missing = missing
+        self.seed = seed
         self.position = 0
 
     def take(self, key: str) -> dict[str, Any]:
@@ -130,6 +132,20 @@ class Replay:
 
 # Set by the grading worker (the sandboxed child) while one check runs: observations are appended here.
 _recording: list[dict[str, Any]] | None = None
+# This grading run's seed (chosen by the grader, 0 in a notebook): checks may draw inputs from it, so a
+# submission cannot pass by replaying answers computed in advance for fixed inputs.
+_run_seed = 0
+
+
+def set_run_seed(seed: int) -> None:
+    """Worker side: the seed the grader chose for this run."""
+    global _run_seed
+    _run_seed = int(seed)
+
+
+def run_seed(ns: Mapping[str, Any] | Replay) -> int:
+    """The seed of this grading run, the same in the sandboxed child and in the grader's replay."""
+    return ns.seed if isinstance(ns, Replay) else _run_seed
 
 
 def start_recording() -> list[dict[str, Any]]:

@@ -35,5 +35,5 @@ def observe_and_judge(exercise: str, ns: dict[str, Any], only: str = "") -> list
         buffer = io.BytesIO()
         torch.save(records, buffer)
         buffer.seek(0)
-        results.append(run_check(check, Replay(torch.load(buffer, weights_only=True))))
+        results.append(run_check(check, Replay(torch.load(buffer, weights_only=True), seed=api.run_seed(ns))))
     return results

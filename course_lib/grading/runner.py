@@ -17,6 +17,7 @@ every check gets a :class:`CheckResult`, and a forged or missing observation can
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -125,7 +126,7 @@ def _data_dirs() -> list[Path]:
 
 
 def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path], *, timeout_s: float,
-             threads: int, limits: sandbox.Limits, workdir: Path) -> tuple[int | None, Path, Path]:
+             threads: int, limits: sandbox.Limits, workdir: Path, seed: int) -> tuple[int | None, Path, Path]:
     """Run the worker on a scratch copy of ``path``; return (exit code or None on timeout, out dir, log)."""
     scratch, out_dir = workdir / "scratch", workdir / "observations"
     scratch.mkdir()
@@ -133,7 +134,7 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
     copy = scratch / Path(path).name
     shutil.copyfile(path, copy)
     log_file = workdir / "output.log"
-    argv = [sys.executable, "-m", "course_lib.grading.worker", str(copy), number, str(out_dir)]
+    argv = [sys.executable, "-m", "course_lib.grading.worker", str(copy), number, str(out_dir), "--seed", str(seed)]
     for directory in extra_dirs:
         argv += ["--extra", str(directory)]
     command, inside = sandbox.command(argv, scratch=scratch, out_dir=out_dir, package_root=_PACKAGE_ROOT,
@@ -192,9 +193,10 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
     uses = reference_uses(nb, number)
     limits = limits or sandbox.Limits(cpu_s=int(timeout_s * max(1, threads)) + 30)
     workdir = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-"))
+    seed = secrets.randbelow(2**31)
     try:
         returncode, out_dir, log_file = _observe(Path(path), number, checks, extra_dirs, timeout_s=timeout_s,
-                                                 threads=threads, limits=limits, workdir=workdir)
+                                                 threads=threads, limits=limits, workdir=workdir, seed=seed)
         tail = _tail(log_file)
         if returncode is None:
             status = TIMED_OUT
@@ -213,7 +215,7 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
                 if returncode is not None:
                     status = ENDED_EARLY
                 continue
-            result = run_check(check, Replay(records, missing=missing))
+            result = run_check(check, Replay(records, missing=missing, seed=seed))
             results.append(result)
         for result in results:  # name the learner's file, not the temporary copy
             result.message = result.message.replace(str(workdir / "scratch" / Path(path).name), str(path))

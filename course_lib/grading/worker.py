@@ -1,6 +1,6 @@
 """The child side of grading: load one notebook's code, run its checks, record only *observations*.
 
-``python -m course_lib.grading.worker NOTEBOOK EXERCISE OUT_DIR [--extra DIR ...]``
+``python -m course_lib.grading.worker NOTEBOOK EXERCISE OUT_DIR [--extra DIR ...] [--seed N]``
 
 It runs inside the sandbox (:mod:`course_lib.grading.sandbox`) started by :mod:`course_lib.grading.runner`.
 For check ``i`` it writes ``OUT_DIR/observations-i.pt``: the list of values the check's
@@ -60,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("exercise")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--extra", type=Path, action="append", default=[])
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    api.set_run_seed(args.seed)
     checks = checks_for(args.exercise, args.extra)  # imported before any learner code runs
     try:
         nb = notebook.read(args.notebook)
