@@ -251,3 +251,93 @@ def test_in_notebook_check_raises_assertion_error_and_names_the_missing_function
     with pytest.raises(AssertionError, match="exercise 02"):
         check("02", {})
     assert "define `loader_config(cores, device_type)`" in capsys.readouterr().out
+
+
+def test_demo_cells_after_an_exercise_do_not_stop_run_all(tmp_path: Path) -> None:
+    toy_notebook(tmp_path / "solutions" / "90_toy.ipynb")
+    build.build(tmp_path / "solutions", tmp_path / "exercises")
+    nb = json.loads((tmp_path / "exercises" / "90_toy.ipynb").read_text())
+    tags = [c["metadata"].get("tags") for c in nb["cells"] if c["cell_type"] == "code"]
+    # set-up, exercise, demo (calls the stub), exercise, check: only the demo may raise and Run All goes on.
+    assert tags == [["setup"], ["exercise"], [build.DEMO_TAG], ["exercise"], ["check"]]
+
+
+def test_a_failing_check_cell_reads_as_one_line_not_a_traceback(capsys: pytest.CaptureFixture) -> None:
+    from course_lib.grading import check
+    from course_lib.grading.check import ChecksFailed
+
+    with pytest.raises(ChecksFailed) as failed:
+        check("05", {})
+    assert isinstance(failed.value, AssertionError)  # nbval and scripts still see a failing cell
+    assert failed.value._render_traceback_() == ["\x1b[31mexercise 05: 5 check(s) to fix (see the table above)\x1b[0m"]
+    assert "warmup == steps" in capsys.readouterr().out
+
+
+def test_learner_text_is_escaped_and_names_are_never_cut() -> None:
+    from course_lib.grading.api import CheckResult
+    from course_lib.grading.report import format_results
+
+    long_name = "a check name that is much longer than forty characters, on purpose"
+    table = format_results([CheckResult("90", long_name, 1, passed=False, message="bad \x1b[2J\x1b[31mred",
+                                        got="\x07bell")])
+    assert long_name in table and "\x1b" not in table and "\x07" not in table and "\\x1b[2J" in table
+    assert "expected:" not in table  # no expected value: no "expected: None" line
+
+
+def test_reference_use_is_flagged(tmp_path: Path) -> None:
+    from course_lib.grading.reference_use import reference_uses
+
+    def nb_with(code: str) -> dict:
+        cell = nbformat.v4.new_code_cell(code)
+        cell.metadata["tags"] = ["exercise"]
+        setup = nbformat.v4.new_code_cell("import course_lib.train as T")
+        setup.metadata["tags"] = ["setup"]
+        return {"cells": [setup, cell]}
+
+    assert reference_uses(nb_with("def lr_at(step, cfg):\n    return T.lr_at(step, cfg)"), "05") == [
+        "course_lib.train.schedule.lr_at"]
+    assert reference_uses(nb_with("from course_lib.train.schedule import lr_at as f"), "05")
+    assert reference_uses(nb_with("def lr_at(step, cfg):\n    return cfg.lr"), "05") == []
+    for solution in sorted((REPO / "solutions").glob("[0-9][0-9]_*.ipynb")):
+        assert reference_uses(notebook.read(solution), notebook.exercise_number(solution)) == [], solution.name
+
+
+def test_grading_survives_reordered_duplicated_split_and_untagged_cells(tmp_path: Path, extra: Path) -> None:
+    tmp_path = tmp_path / "class"
+    base = toy_notebook(tmp_path / "base" / "90_toy.ipynb")
+    nb = nbformat.read(base, as_version=4)
+    variants = {}
+    reordered = nbformat.from_dict(json.loads(json.dumps(nb)))
+    reordered.cells = [reordered.cells[i] for i in (0, 4, 2, 3, 1, 5)]  # exercises moved above the set-up
+    variants["reordered"] = reordered
+    duplicated = nbformat.from_dict(json.loads(json.dumps(nb)))
+    duplicated.cells.insert(3, nbformat.from_dict(json.loads(json.dumps(nb.cells[2]))))
+    variants["duplicated"] = duplicated
+    split = nbformat.from_dict(json.loads(json.dumps(nb)))
+    helper = nbformat.v4.new_code_cell("def twice(x):\n    return x + x")  # split off, untagged
+    split.cells.insert(2, helper)
+    split.cells[3].source = "def double(x):\n    return twice(x)"
+    variants["split"] = split
+    untagged = nbformat.from_dict(json.loads(json.dumps(nb)))
+    for cell in untagged.cells:
+        cell.metadata.pop("tags", None)
+    variants["untagged"] = untagged
+    deleted = nbformat.from_dict(json.loads(json.dumps(nb)))
+    del deleted.cells[4]  # the cell defining half
+    variants["deleted"] = deleted
+    minor = json.loads(json.dumps(nb))
+    minor["nbformat_minor"] = 2
+    for cell in minor["cells"]:
+        cell.pop("id", None)
+    for name, version in variants.items():
+        (tmp_path / name).mkdir()
+        nbformat.write(version, tmp_path / name / "90_toy.ipynb")
+    (tmp_path / "minor" ).mkdir()
+    (tmp_path / "minor" / "90_toy.ipynb").write_text(json.dumps(minor))
+    from course_lib.grading.grade import grade_class
+
+    table = grade_class(tmp_path, ["90"], timeout_s=120, extra_dirs=[extra], jobs=2)
+    scores = {student: grades["90"].earned for student, grades in table.items()}
+    assert scores == {"base": 3, "reordered": 3, "duplicated": 3, "split": 3, "untagged": 3, "deleted": 1,
+                      "minor": 3}
+    assert all(grades["90"].status == "graded" for grades in table.values())
