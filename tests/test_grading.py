@@ -179,7 +179,8 @@ def test_hostile_code_fails_checks_without_hanging_the_grader(tmp_path: Path, ex
     nb = json.loads(path.read_text())
     nb["cells"][2]["source"] = "".join(nb["cells"][2]["source"]) + "\n" + body
     path.write_text(json.dumps(nb))
-    results = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=8).results
+    # A hang needs the timeout; the others must be told apart from one, however loaded the machine is.
+    results = grade_notebook(path, "90", extra_dirs=[extra], timeout_s=15 if "while" in body else 120).results
     assert len(results) == 2 and not any(r.passed for r in results)
     assert all(message in r.message for r in results), [r.message for r in results]
 
@@ -212,7 +213,7 @@ def test_grade_a_class_folder(tmp_path: Path, extra: Path) -> None:
     toy_notebook(subs / "fay" / "90_toy.ipynb", double_body="import shutil; shutil.rmtree('.', ignore_errors=True); return 2 * x")
     out = tmp_path / "grades.csv"
     code = grade_main([str(subs), "--out", str(out), "--exercises", "90", "--extra-tests", str(extra),
-                       "--timeout", "8", "--jobs", "3"])
+                       "--timeout", "40", "--jobs", "3"])
     assert code == 0
     rows = {row["student"]: row for row in csv.DictReader(out.open())}
     assert {s: (rows[s]["ex90"], rows[s]["total"], rows[s]["max"]) for s in rows} == {
