@@ -100,13 +100,17 @@ _DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDe
 
 
 def _only_definitions(code: str) -> bool:
-    """A cell of imports, functions, classes and assignments only (no loops, no bare calls, no prints)."""
+    """A cell of imports, functions, classes and plain assignments only (no loops, no calls, no prints)."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return False
-    body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
-    return bool(body) and all(isinstance(n, _DEFINITIONS) for n in body)
+    body = [n for n in tree.body if not (isinstance(n, (ast.Expr, ast.Pass)) and (
+        isinstance(n, ast.Pass) or isinstance(n.value, ast.Constant)))]
+    # An assignment that calls something (``history = run(cfg)``) may be long work: not a definition.
+    return bool(body) and all(isinstance(n, _DEFINITIONS) and not (
+        isinstance(n, (ast.Assign, ast.AnnAssign)) and any(isinstance(c, ast.Call) for c in ast.walk(n)))
+        for n in body)
 
 
 def graded_cells(nb: dict[str, Any]) -> list[tuple[int, str, list[str]]]:
@@ -114,7 +118,7 @@ def graded_cells(nb: dict[str, Any]) -> list[tuple[int, str, list[str]]]:
 
     The cells tagged ``setup`` first, then those tagged ``exercise``, each group in notebook order (so a
     learner who moved a cell, or duplicated one, still gets the same names). An untagged code cell that only
-    *defines* things (imports, functions, classes, assignments) runs too, in its place among the exercise
+    *defines* things (imports, functions, classes, assignments without calls) runs too, in its place among the exercise
     cells: a learner who split an exercise cell, or whose editor dropped the tags, is graded all the same.
     """
     setup, rest = [], []
