@@ -214,7 +214,8 @@ def kill_and_resume(ns: dict[str, Any]) -> None:
         if not isinstance(got["history"], list) or not got["history"]:
             raise CheckFailed("resume(cfg) should return the run's history (a list of metric dicts)",
                               got=got["history"])
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):  # the reference run's progress is not the grader's output
             want = _comparable(train_run(TrainConfig(**run, out=str(Path(tmp) / "reference"))))
         history = [tuple(r) for r in got["history"]]
         if not _same(want, history):
