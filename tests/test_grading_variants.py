@@ -19,6 +19,8 @@ from course_lib.grading.inprocess import observe_and_judge
 from course_lib.grading.worker import load_namespace
 
 REPO = Path(__file__).resolve().parents[1]
+# Exercise 01's rows train (and kill) small runs in subprocesses: slow on a shared machine.
+pytestmark = pytest.mark.timeout(900)
 
 
 def solution_namespace(number: str, extra_code: str = "") -> dict:
