@@ -1,6 +1,7 @@
 """Every exercise is gradable: its checks all fail on the generated stub and all pass on the solution.
 
-Both versions go through the isolated grader (a fresh process per notebook, as `course grade` does), all notebooks
+Both versions go through the real grader (a sandboxed process per notebook that observes, verdicts judged in this
+process, as `course grade` does), all notebooks
 in parallel, once per test session. The stubs are generated afresh into a temporary folder, so the proof does not
 depend on what a learner has typed into `exercises/`; a separate test checks that the committed `exercises/` is
 exactly what the builder generates.
@@ -14,17 +15,18 @@ from pathlib import Path
 import pytest
 
 from course_lib.grading import build
-from course_lib.grading.api import CheckResult
 from course_lib.grading.notebook import exercise_number
-from course_lib.grading.runner import grade_notebooks
+from course_lib.grading.runner import NotebookGrade, grade_notebooks
 
 REPO = Path(__file__).resolve().parents[1]
+# Generous on a shared machine: the first test waits for all 26 notebooks to be graded.
+pytestmark = pytest.mark.timeout(1500)
 SOLUTIONS = sorted((REPO / "solutions").glob("[0-9][0-9]_*.ipynb"))
 TIMEOUT_S = 400  # generous: only a hang should ever reach it on a shared machine
 
 
 @pytest.fixture(scope="session")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, list[CheckResult]]]:
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, NotebookGrade]]:
     """``{"solution"|"exercise": {number: results}}`` graded in one parallel batch."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -51,7 +53,10 @@ def test_exercises_folder_is_up_to_date() -> None:
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
 def test_every_check_passes_on_the_solution(solution: Path, graded: dict) -> None:
-    results = graded["solution"][exercise_number(solution)]
+    grade = graded["solution"][exercise_number(solution)]
+    assert grade.status == "graded", f"{solution.name}: {grade.status}; output: {grade.output_tail}"
+    assert not grade.uses_reference, f"{solution.name} calls the reference implementation: {grade.uses_reference}"
+    results = grade.results
     assert results, f"{solution.name} has no checks (add course_lib/grading/checks/ex{exercise_number(solution)}_*.py)"
     failing = [f"{r.name}: {r.message} (hint: {r.hint}; expected {r.expected}, got {r.got})" for r in results if not r.passed]
     assert not failing, "\n".join(failing)
@@ -59,7 +64,7 @@ def test_every_check_passes_on_the_solution(solution: Path, graded: dict) -> Non
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
 def test_every_check_fails_on_the_stub(solution: Path, graded: dict) -> None:
-    results = graded["exercise"][exercise_number(solution)]
+    results = graded["exercise"][exercise_number(solution)].results
     assert results
     passing = [r.name for r in results if r.passed]
     assert not passing, f"these checks pass on the unsolved exercise, so they grade nothing: {passing}"

@@ -14,6 +14,23 @@ raises :class:`CheckFailed` (fail)::
             raise CheckFailed("the first step should use the warm-up LR, not the peak",
                               hint="step 0 is 1/warmup of the peak", expected=expected, got=got)
 
+Where a verdict is made. Learner code is untrusted, so a check is written in two halves: the part that
+touches learner code is wrapped in :func:`observe` and returns plain data (numbers, strings, lists, dicts,
+tensors); everything after it *judges* that data. The grader runs each check twice: in the sandboxed child,
+where ``observe`` calls the learner's code and records what came back, and then in the trusted parent, where
+``observe`` replays the recorded data and only the parent's verdict counts. In a notebook (``check(...)``) and
+in tests ``observe`` simply calls the function. So: never read ``ns`` outside an ``observe`` function, and build
+inputs inside it from fixed seeds (or pass them in as arguments), never from the global random state::
+
+    def _values(ns, cfg):                        # runs next to the learner's code: return data only
+        lr_at = need(ns, "lr_at", "define `lr_at(step, cfg)`")
+        return [call(lr_at, step, cfg) for step in range(cfg.steps + 1)]
+
+    @check_for("05", "warm-up then cosine", points=2)
+    def values(ns):
+        got = observe(ns, _values, cfg)          # replayed in the grader's own process
+        ...                                      # compare with the reference here
+
 Rules that keep feedback useful:
 
 * Say what is wrong first, then how to fix it (``hint``), then ``expected``/``got`` (rendered as one
@@ -29,12 +46,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import pkgutil
+import re
 import sys
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+
+import torch
 
 CheckFunc = Callable[[dict[str, Any]], None]
 
@@ -59,6 +80,174 @@ class CheckFailed(Exception):
         self.expected = expected
         self.got = got
         self.has_values = expected is not None or got is not None
+        self.has_expected = expected is not None
+
+
+class LearnerRaised(Exception):
+    """Replayed in the grader: the learner's code raised while an observation was being made.
+
+    ``kind`` is ``"not_attempted"`` (the stub), ``"exit"`` (``sys.exit``/``SystemExit``), ``"failed"`` (a
+    :class:`CheckFailed` raised next to the learner's code, e.g. by :func:`need`) or ``"error"``.
+    """
+
+    def __init__(self, kind: str, message: str, hint: str | None = None, expected: str | None = None,
+                 got: str | None = None) -> None:
+        super().__init__(message)
+        self.kind, self.message, self.hint, self.expected, self.got = kind, message, hint, expected, got
+
+
+class Replay:
+    """What a check receives in the grader's trusted process instead of the learner's namespace.
+
+    It holds the observations the sandboxed child recorded for this check, in order; :func:`observe`
+    hands them out. Anything else that tries to read it as a namespace is a bug in the check.
+    """
+
+    def __init__(self, records: list[dict[str, Any]], missing: str = "no observation was recorded",
+                 seed: int = 0) -> None:
+        self.records = list(records)
+        self.missing = missing
+        self.seed = seed
+        self.position = 0
+
+    def take(self, key: str) -> dict[str, Any]:
+        if self.position >= len(self.records):
+            raise LearnerRaised("missing", self.missing)
+        record = self.records[self.position]
+        self.position += 1
+        if not isinstance(record, dict) or record.get("key") != key:
+            raise LearnerRaised("missing", "the observations from your notebook do not match what the check "
+                                "asked for (did your code change the grader?)")
+        return record
+
+    def __getitem__(self, name: str) -> Any:
+        raise TypeError("a check read the learner's namespace outside observe(); wrap that code in observe()")
+
+    def __contains__(self, name: object) -> bool:
+        raise TypeError("a check read the learner's namespace outside observe(); wrap that code in observe()")
+
+    def get(self, name: str, default: Any = None) -> Any:
+        raise TypeError("a check read the learner's namespace outside observe(); wrap that code in observe()")
+
+
+# Set by the grading worker (the sandboxed child) while one check runs: observations are appended here.
+_recording: list[dict[str, Any]] | None = None
+# This grading run's seed (chosen by the grader, 0 in a notebook): checks may draw inputs from it, so a
+# submission cannot pass by replaying answers computed in advance for fixed inputs.
+_run_seed = 0
+
+
+def set_run_seed(seed: int) -> None:
+    """Worker side: the seed the grader chose for this run."""
+    global _run_seed
+    _run_seed = int(seed)
+
+
+def run_seed(ns: Mapping[str, Any] | Replay) -> int:
+    """The seed of this grading run, the same in the sandboxed child and in the grader's replay."""
+    return ns.seed if isinstance(ns, Replay) else _run_seed
+
+
+def start_recording() -> list[dict[str, Any]]:
+    """Worker side: record every :func:`observe` of the check about to run."""
+    global _recording
+    _recording = []
+    return _recording
+
+
+def stop_recording() -> None:
+    global _recording
+    _recording = None
+
+
+_DATA_TYPES = (str, int, float, bool, type(None))
+
+
+def as_data(value: Any, where: str = "observation", depth: int = 0) -> Any:
+    """``value`` as plain data that crosses to the grader safely (tensors detached, copied, on the CPU).
+
+    Only ``None``/bool/int/float/str, tensors, and lists, tuples and str-keyed dicts of those: the
+    grader reads them with ``torch.load(weights_only=True)``, which builds nothing else.
+    """
+    if depth > 20:
+        raise TypeError(f"{where} is nested too deeply")
+    if isinstance(value, bool) or value is None or type(value) in (int, float, str):
+        return value
+    if isinstance(value, _DATA_TYPES):  # subclasses of int/str/float become the plain type
+        return bool(value) if isinstance(value, bool) else type(value).__mro__[-2](value)
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True).contiguous() if value.layout == torch.strided else (
+            value.detach().to_dense().cpu())
+    if isinstance(value, (list, tuple)):
+        items = [as_data(v, where, depth + 1) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        return {str(k): as_data(v, where, depth + 1) for k, v in value.items()}
+    raise TypeError(f"{where}: {type(value).__name__} is not plain data (a check returned it from observe())")
+
+
+def _raised_record(key: str, exc: BaseException) -> dict[str, Any]:
+    call_text = getattr(exc, "__grading_call__", None)
+    where = f" in {call_text}" if call_text else ""
+    if isinstance(exc, LearnerRaised):
+        return {"key": key, "raised": exc.kind, "message": exc.message, "hint": exc.hint, "expected": exc.expected,
+                "got": exc.got}
+    if isinstance(exc, CheckFailed):
+        return {"key": key, "raised": "failed", "message": exc.message, "hint": exc.hint,
+                "expected": one_line(exc.expected) if exc.has_expected else None,
+                "got": one_line(exc.got) if exc.has_values else None}
+    if isinstance(exc, NotImplementedError) and str(exc).startswith("Exercise"):
+        return {"key": key, "raised": "not_attempted", "message": f"not attempted yet: {exc}"}
+    if isinstance(exc, SystemExit):
+        return {"key": key, "raised": "exit",
+                "message": f"your code called sys.exit({exc.code!r}){where}; return a value or raise an exception "
+                           "instead"}
+    return {"key": key, "raised": "error",
+            "message": f"your code raised {type(exc).__name__}: {exc}{where}{_learner_frame(exc)}"}
+
+
+def observe(ns: Mapping[str, Any] | Replay, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn(ns, *args, **kwargs)`` next to the learner's code and return its result (plain data).
+
+    In the grader's trusted process (``ns`` is a :class:`Replay`) the function is *not* run: the result the
+    sandboxed child recorded is returned instead, or the exception it recorded is raised again (as
+    :class:`LearnerRaised`). Learner exceptions are therefore reported by :func:`run_check`, never caught here.
+    """
+    key = getattr(fn, "__qualname__", repr(fn))
+    if isinstance(ns, Replay):
+        record = ns.take(key)
+        if "raised" in record:
+            raise LearnerRaised(str(record["raised"]), str(record.get("message")), record.get("hint"),
+                                record.get("expected"), record.get("got"))
+        return record.get("value")
+    recording = _recording
+    try:
+        value = as_data(fn(ns, *args, **kwargs))  # in a notebook too, so a check behaves the same everywhere
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the same exception in a notebook, in the sandbox and in the grader
+        record = _raised_record(key, exc)
+        if recording is not None:
+            recording.append(record)
+        raise LearnerRaised(record["raised"], record["message"], record.get("hint"), record.get("expected"),
+                            record.get("got")) from exc
+    if recording is not None:
+        recording.append({"key": key, "value": value})
+    return value
+
+
+def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, and if it raises, the error message names this call (the failing input)."""
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as exc:
+        if getattr(exc, "__grading_call__", None) is None:
+            shown = [one_line(a, 60) for a in args] + [f"{k}={one_line(v, 60)}" for k, v in kwargs.items()]
+            try:
+                exc.__grading_call__ = f"{getattr(fn, '__name__', 'your function')}({', '.join(shown)})"
+            except AttributeError:
+                pass
+        raise
 
 
 @dataclass(frozen=True)
@@ -187,10 +376,23 @@ def known_exercises() -> list[str]:
 # ---------------------------------------------------------------- running one check
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: Any, limit: int | None = None) -> str:
+    """Learner-controlled text made safe for a terminal: control characters (ANSI escapes included) shown as
+    ``\\x1b``-style escapes, optionally cut to ``limit`` characters."""
+    text = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
 def one_line(value: Any, limit: int = 160) -> str:
-    """``repr`` squeezed onto one line and cut to ``limit`` characters."""
-    text = " ".join(repr(value).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """``repr`` squeezed onto one line, made printable and cut to ``limit`` characters."""
+    try:
+        text = repr(value)
+    except Exception as exc:  # a learner's __repr__ may raise
+        text = f"<{type(value).__name__} whose repr raised {type(exc).__name__}>"
+    return printable(" ".join(text.split()), limit)
 
 
 def _learner_frame(exc: BaseException) -> str:
@@ -201,25 +403,32 @@ def _learner_frame(exc: BaseException) -> str:
     return ""
 
 
-def run_check(check: Check, ns: dict[str, Any]) -> CheckResult:
-    """Run one check against ``ns`` and turn every way it can end into a :class:`CheckResult`."""
+def run_check(check: Check, ns: dict[str, Any] | Replay) -> CheckResult:
+    """Run one check against ``ns`` and turn every way it can end into a :class:`CheckResult`.
+
+    With a :class:`Replay` (the grader) the verdict rests only on the recorded observations.
+    """
     result = CheckResult(check.exercise, check.name, check.points, passed=False, source=check.source)
     try:
         check.func(ns)
     except CheckFailed as failed:
         result.message, result.hint = failed.message, failed.hint
         if failed.has_values:
-            result.expected, result.got = one_line(failed.expected), one_line(failed.got)
-    except NotImplementedError as exc:
-        text = str(exc)
-        result.message = f"not attempted yet: {text}" if text.startswith("Exercise") else (
-            f"your code raised NotImplementedError: {text}{_learner_frame(exc)}")
-    except SystemExit as exc:
-        result.message = f"your code called sys.exit({exc.code!r}); return a value instead"
+            result.expected = one_line(failed.expected) if failed.has_expected else None
+            result.got = one_line(failed.got)
+    except LearnerRaised as raised:
+        result.message, result.hint, result.expected, result.got = (
+            raised.message, raised.hint, raised.expected, raised.got)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # learner code may raise anything; it is a failed check, not a crash
-        result.message = f"your code raised {type(exc).__name__}: {exc}{_learner_frame(exc)}"
+        record = _raised_record("", exc)
+        result.message, result.hint = record["message"], record.get("hint")
+        result.expected, result.got = record.get("expected"), record.get("got")
     else:
         result.passed = True
+    for name in ("message", "hint", "expected", "got"):
+        value = getattr(result, name)
+        if value is not None:
+            setattr(result, name, printable(value, 2000))
     return result

@@ -3,7 +3,9 @@
 ``python -m course_lib build-exercises [--solutions DIR] [--exercises DIR] [--check]``
 
 Every ``### BEGIN SOLUTION: <what to do>`` ... ``### END SOLUTION`` region in a cell tagged
-``exercise`` becomes ``raise NotImplementedError("Exercise NN.k: <what to do>")``. With
+``exercise`` becomes ``raise NotImplementedError("Exercise NN.k: <what to do>")``; untagged code cells after
+the first exercise (demos that call the learner's functions) get the ``raises-exception`` tag, so "Run All"
+on an unsolved notebook still reaches its check cell. With
 ``--check`` nothing is written and the exit code is 1 when ``exercises/`` is out of date.
 """
 
@@ -18,6 +20,9 @@ from course_lib import nbclean
 from course_lib.grading import notebook
 
 
+DEMO_TAG = "raises-exception"
+
+
 def make_exercise(nb: dict[str, Any], number: str, where: str = "notebook") -> dict[str, Any]:
     """Return the exercise version of solution notebook ``nb`` (cleaned, stubs in place)."""
     out = nbclean.clean(nb)
@@ -25,6 +30,10 @@ def make_exercise(nb: dict[str, Any], number: str, where: str = "notebook") -> d
     for index, cell in enumerate(out["cells"]):
         code = notebook.source(cell)
         has_region = "### BEGIN SOLUTION" in code or "### END SOLUTION" in code
+        if cell.get("cell_type") == "code" and k > 1 and not notebook.tags(cell):
+            # A demo cell after an exercise calls the stubs: until they are written it raises. Tagged so, "Run All"
+            # in JupyterLab (and nbval) goes on to the check cell, which says what is left to do.
+            cell.setdefault("metadata", {})["tags"] = [DEMO_TAG]
         if cell.get("cell_type") != "code" or "exercise" not in notebook.tags(cell):
             if has_region:
                 raise notebook.NotebookError(f"{where}, cell {index}: solution region outside a cell tagged 'exercise'")

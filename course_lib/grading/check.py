@@ -17,11 +17,19 @@ from course_lib.grading.api import checks_for, normalise_exercise, run_check
 from course_lib.grading.report import format_results
 
 
+class ChecksFailed(AssertionError):
+    """Some checks of an exercise fail. In Jupyter it reads as one line under the score table, not a traceback
+    (IPython asks an exception for ``_render_traceback_``); nbval and scripts still see a failing cell."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[31m{self}\x1b[0m"]
+
+
 def check(exercise: str | int, namespace: dict[str, Any]) -> None:
     """Run every check of ``exercise`` against ``namespace`` (pass ``globals()``), print a table.
 
-    Raises ``AssertionError`` when a check fails, so running the notebook under nbval (or
-    "Run all") stops at the first exercise that is not solved yet.
+    Raises :class:`ChecksFailed` (an ``AssertionError``) when a check fails, so running the notebook under nbval
+    fails exactly while an exercise is not solved yet.
     """
     number = normalise_exercise(exercise)
     results = [run_check(c, namespace) for c in checks_for(number)]
@@ -30,7 +38,7 @@ def check(exercise: str | int, namespace: dict[str, Any]) -> None:
     print(format_results(results))
     failed = [r.name for r in results if not r.passed]
     if failed:
-        raise AssertionError(f"exercise {number}: {len(failed)} check(s) to fix: {', '.join(failed)}")
+        raise ChecksFailed(f"exercise {number}: {len(failed)} check(s) to fix (see the table above)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,9 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not numbers:
         print(f"no NN_topic.ipynb notebooks in {args.notebooks}", file=sys.stderr)
         return 1
+    from course_lib.grading import sandbox
+
+    print(sandbox.describe())
     graded = grade_notebooks({n: found.get(n) for n in numbers}, timeout_s=args.timeout)
-    results = [r for n in numbers for r in graded[n]]
+    results = [r for n in numbers for r in graded[n].results]
     print(format_results(results))
     if missing:
         print(f"not found in {args.notebooks}: exercise(s) {', '.join(missing)}")
-    return 0 if results and all(r.passed for r in results) else 1
+    copied = [n for n in numbers if graded[n].uses_reference]
+    for n in copied:
+        print(f"exercise {n} uses the reference implementation ({', '.join(graded[n].uses_reference)}): "
+              "its checks pass, but this does not count as your solution; write the function yourself")
+    return 0 if results and all(r.passed for r in results) and not copied else 1

@@ -4,7 +4,10 @@
 notebooks. Every notebook is graded in its own isolated process (see
 :mod:`course_lib.grading.runner`), so a broken, missing, endless or hostile notebook costs its
 author the points of that exercise and nothing else. The CSV has one row per student, one
-column per exercise (points earned) and a total; a summary table is printed.
+column per exercise (points earned), the total, the maximum, a grading status (``graded``, or per
+exercise ``timed out`` / ``ended early`` / ``invalid notebook`` / ``missing``) and flags (an exercise
+that uses the reference implementation). Per student, ``<feedback>/<student>/results.json`` (the
+Gradescope format) and ``feedback.txt`` (what failed, why, the hint); a summary table is printed.
 ``--extra-tests DIR`` adds checks kept by the instructor (``*.py`` files using ``@check_for``).
 """
 
@@ -12,19 +15,26 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from textwrap import indent
+from typing import Any, Sequence
 
-from course_lib.grading.api import CheckResult, checks_for, known_exercises, load_extra_checks, normalise_exercise
-from course_lib.grading.runner import DEFAULT_TIMEOUT_S, find_notebooks, grade_notebook
+from course_lib.grading import sandbox
+from course_lib.grading.api import checks_for, known_exercises, load_extra_checks, normalise_exercise, printable
+from course_lib.grading.report import format_results, shorten
+from course_lib.grading.runner import DEFAULT_TIMEOUT_S, GRADED, NotebookGrade, find_notebooks, grade_notebook
+
+
+Table = dict[str, dict[str, NotebookGrade]]
 
 
 def grade_class(submissions: Path, exercises: list[str], *, timeout_s: float, extra_dirs: list[Path],
-                jobs: int) -> dict[str, dict[str, list[CheckResult]]]:
-    """``{student: {exercise: [results]}}`` for every student folder in ``submissions``."""
+                jobs: int) -> Table:
+    """``{student: {exercise: NotebookGrade}}`` for every student folder in ``submissions``."""
     students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
     for number in exercises:
         checks_for(number, extra_dirs)  # import once, before the threads start
@@ -37,40 +47,97 @@ def grade_class(submissions: Path, exercises: list[str], *, timeout_s: float, ex
                 futures[student.name, number] = pool.submit(
                     grade_notebook, found.get(number), number, timeout_s=timeout_s, extra_dirs=extra_dirs,
                     threads=threads)
-        table: dict[str, dict[str, list[CheckResult]]] = {s.name: {} for s in students}
+        table: Table = {s.name: {} for s in students}
         for (student, number), future in futures.items():
             table[student][number] = future.result()
     return table
 
 
-def write_csv(table: dict[str, dict[str, list[CheckResult]]], exercises: list[str], out: Path) -> None:
-    """One row per student: points per exercise, total and the maximum possible."""
+def write_csv(table: Table, exercises: list[str], out: Path) -> None:
+    """One row per student: points per exercise, total, maximum, grading status and reference-use flags."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="", encoding="utf-8") as handle:
+    partial = out.with_name(out.name + ".partial")
+    with open(partial, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["student", *[f"ex{n}" for n in exercises], "total", "max"])
+        writer.writerow(["student", *[f"ex{n}" for n in exercises], "total", "max", "status", "flags"])
         for student, per_ex in table.items():
-            earned = [sum(r.earned for r in per_ex[n]) for n in exercises]
-            possible = sum(r.points for n in exercises for r in per_ex[n])
-            writer.writerow([student, *earned, sum(earned), possible])
+            earned = [per_ex[n].earned for n in exercises]
+            possible = sum(per_ex[n].points for n in exercises)
+            status = "; ".join(f"ex{n} {per_ex[n].status}" for n in exercises if per_ex[n].status != GRADED)
+            flags = "; ".join(f"ex{n} uses the reference implementation ({', '.join(per_ex[n].uses_reference)})"
+                              for n in exercises if per_ex[n].uses_reference)
+            writer.writerow([student, *earned, sum(earned), possible, status or GRADED, flags])
+    os.replace(partial, out)
 
 
-def summary(table: dict[str, dict[str, list[CheckResult]]], exercises: list[str]) -> str:
+def results_json(per_ex: dict[str, NotebookGrade], exercises: list[str]) -> dict[str, Any]:
+    """Gradescope's ``results.json`` for one student: score, max_score and one entry per check."""
+    tests = []
+    for n in exercises:
+        grade = per_ex[n]
+        for r in grade.results:
+            output = "" if r.passed else "\n".join(
+                line for line in (r.message, f"hint: {r.hint}" if r.hint else "",
+                                  f"expected: {r.expected}" if r.expected is not None else "",
+                                  f"got: {r.got}" if r.got is not None else "") if line)
+            tests.append({"name": f"ex{n} {r.name}", "number": n, "score": r.earned, "max_score": r.points,
+                          "status": "passed" if r.passed else "failed", "output": output})
+    notes = [f"ex{n}: {per_ex[n].status}" for n in exercises if per_ex[n].status != GRADED]
+    notes += [f"ex{n}: uses the reference implementation ({', '.join(per_ex[n].uses_reference)})"
+              for n in exercises if per_ex[n].uses_reference]
+    return {"score": sum(per_ex[n].earned for n in exercises), "max_score": sum(per_ex[n].points for n in exercises),
+            "output": "\n".join(notes), "tests": tests,
+            "status": {f"ex{n}": per_ex[n].status for n in exercises}}
+
+
+def feedback_text(student: str, per_ex: dict[str, NotebookGrade], exercises: list[str]) -> str:
+    """A readable report for one student: score per exercise, then each failed check with why and the hint."""
+    lines = [f"Feedback for {printable(student)}", ""]
+    for n in exercises:
+        grade = per_ex[n]
+        status = "" if grade.status == GRADED else f" ({grade.status})"
+        lines.append(f"exercise {n}: {grade.earned}/{grade.points} points{status}")
+        if grade.uses_reference:
+            lines.append(f"  uses the reference implementation ({', '.join(grade.uses_reference)}): "
+                         "this does not count as a solution")
+        if any(not r.passed for r in grade.results):
+            lines.append(indent(format_results(grade.results), "  "))
+        lines.append("")
+    total = sum(per_ex[n].earned for n in exercises)
+    possible = sum(per_ex[n].points for n in exercises)
+    lines.append(f"total: {total}/{possible} points")
+    return "\n".join(lines) + "\n"
+
+
+def write_feedback(table: Table, exercises: list[str], folder: Path) -> None:
+    """``folder/<student>/results.json`` and ``folder/<student>/feedback.txt`` for every student."""
+    for student, per_ex in table.items():
+        target = folder / student
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "results.json").write_text(json.dumps(results_json(per_ex, exercises), indent=2) + "\n",
+                                             encoding="utf-8")
+        (target / "feedback.txt").write_text(feedback_text(student, per_ex, exercises), encoding="utf-8")
+
+
+def summary(table: Table, exercises: list[str]) -> str:
     """A table for the terminal: points per exercise per student, and the first failure of each."""
-    name_w = max([7, *map(len, table)])
+    name_w = max([7, *(len(printable(s)) for s in table)])
     header = f"{'student':<{name_w}} " + " ".join(f"{'ex' + n:>6}" for n in exercises) + f" {'total':>7}"
     lines = [header, "-" * len(header)]
     notes = []
     for student, per_ex in table.items():
         cells, total, possible = [], 0, 0
+        shown = printable(student)
         for n in exercises:
-            earned, points = sum(r.earned for r in per_ex[n]), sum(r.points for r in per_ex[n])
-            total, possible = total + earned, possible + points
-            cells.append(f"{earned}/{points}".rjust(6))
-            first = next((r for r in per_ex[n] if not r.passed), None)
+            grade = per_ex[n]
+            total, possible = total + grade.earned, possible + grade.points
+            cells.append(f"{grade.earned}/{grade.points}".rjust(6))
+            first = next((r for r in grade.results if not r.passed), None)
+            if grade.uses_reference:
+                notes.append(f"  {shown} ex{n}: uses the reference implementation")
             if first:
-                notes.append(f"  {student} ex{n} {first.name}: {first.message}"[:160])
-        lines.append(f"{student:<{name_w}} " + " ".join(cells) + f" {f'{total}/{possible}':>7}")
+                notes.append(shorten(f"  {shown} ex{n} {first.name}: {first.message}", 160))
+        lines.append(f"{shown:<{name_w}} " + " ".join(cells) + f" {f'{total}/{possible}':>7}")
     if notes:
         lines += ["", "first failure per exercise:", *notes]
     return "\n".join(lines)
@@ -80,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib grade", description=__doc__.splitlines()[0])
     parser.add_argument("submissions", type=Path, help="folder with one sub-folder per student")
     parser.add_argument("--out", type=Path, required=True, help="CSV to write")
+    parser.add_argument("--feedback", type=Path, help="folder for each student's results.json and feedback.txt "
+                        "(default: next to the CSV, <name>-feedback/)")
     parser.add_argument("--exercises", nargs="*", help="exercise numbers (default: every exercise with checks)")
     parser.add_argument("--extra-tests", type=Path, action="append", default=[], help="folder of instructor checks")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per notebook")
@@ -96,11 +165,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_extra_checks(directory)  # fail now, with the file at fault, not inside every worker
     except (ValueError, FileNotFoundError, SyntaxError, ImportError) as exc:
         parser.error(str(exc))
+    print(sandbox.describe())
     table = grade_class(args.submissions, exercises, timeout_s=args.timeout, extra_dirs=extra_dirs, jobs=args.jobs)
     if not table:
         print(f"{args.submissions}: no student folders", file=sys.stderr)
         return 1
+    feedback = args.feedback or args.out.with_name(args.out.stem + "-feedback")
     write_csv(table, exercises, args.out)
+    write_feedback(table, exercises, feedback)
     print(summary(table, exercises))
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {args.out} and {feedback}/<student>/results.json, feedback.txt")
     return 0

@@ -6,6 +6,7 @@ file is a clear :class:`NotebookError`, not a crash.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -85,19 +86,54 @@ def replace_regions(code: str, number: str, start: int, where: str = "cell") -> 
     return "\n".join(out), count
 
 
-def graded_code(nb: dict[str, Any]) -> list[tuple[int, str]]:
-    """``[(cell index, python source)]`` of the set-up and exercise cells, IPython-only lines skipped.
+def _python(code: str) -> str:
+    """``%magic`` and ``!shell`` lines become ``pass`` (same line numbers in error messages)."""
+    lines = []
+    for line in code.split("\n"):
+        stripped = line.lstrip()
+        lines.append(line[: len(line) - len(stripped)] + "pass" if stripped[:1] in ("%", "!") else line)
+    return "\n".join(lines)
 
-    ``%magic`` and ``!shell`` lines are not Python; in a grader they are replaced by ``pass`` so
-    line numbers in error messages still match the notebook.
+
+_DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
+                ast.AnnAssign)
+
+
+def _only_definitions(code: str) -> bool:
+    """A cell of imports, functions, classes and plain assignments only (no loops, no calls, no prints)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    body = [n for n in tree.body if not (isinstance(n, (ast.Expr, ast.Pass)) and (
+        isinstance(n, ast.Pass) or isinstance(n.value, ast.Constant)))]
+    # An assignment that calls something (``history = run(cfg)``) may be long work: not a definition.
+    return bool(body) and all(isinstance(n, _DEFINITIONS) and not (
+        isinstance(n, (ast.Assign, ast.AnnAssign)) and any(isinstance(c, ast.Call) for c in ast.walk(n)))
+        for n in body)
+
+
+def graded_cells(nb: dict[str, Any]) -> list[tuple[int, str, list[str]]]:
+    """``[(cell index, python source, tags)]`` the grader runs, in the order it runs them.
+
+    The cells tagged ``setup`` first, then those tagged ``exercise``, each group in notebook order (so a
+    learner who moved a cell, or duplicated one, still gets the same names). An untagged code cell that only
+    *defines* things (imports, functions, classes, assignments without calls) runs too, in its place among the exercise
+    cells: a learner who split an exercise cell, or whose editor dropped the tags, is graded all the same.
     """
-    cells = []
+    setup, rest = [], []
     for index, cell in enumerate(nb["cells"]):
-        if cell.get("cell_type") != "code" or not set(tags(cell)) & set(GRADED_TAGS):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
-        lines = []
-        for line in source(cell).split("\n"):
-            stripped = line.lstrip()
-            lines.append(line[: len(line) - len(stripped)] + "pass" if stripped[:1] in ("%", "!") else line)
-        cells.append((index, "\n".join(lines)))
-    return cells
+        cell_tags = tags(cell)
+        code = _python(source(cell))
+        if "setup" in cell_tags:
+            setup.append((index, code, cell_tags))
+        elif "exercise" in cell_tags or ("check" not in cell_tags and _only_definitions(code)):
+            rest.append((index, code, cell_tags))
+    return setup + rest
+
+
+def graded_code(nb: dict[str, Any]) -> list[tuple[int, str]]:
+    """``[(cell index, python source)]`` of :func:`graded_cells`."""
+    return [(index, code) for index, code, _ in graded_cells(nb)]

@@ -1,31 +1,67 @@
-"""The parent side of isolated grading: one fresh process per notebook, a timeout, structured results.
+"""The parent side of grading: a sandboxed child observes, this process judges.
 
-Nothing in a learner's notebook is trusted: not its outputs, not its kernel state, not its
-behaviour. For each notebook :func:`grade_notebook` starts ``course_lib.grading.worker`` in a
-new process group inside a temporary working directory (removed afterwards), in smoke mode,
-waits at most ``timeout_s`` seconds, and reads the JSON lines it wrote. Whatever happens — a
-hang, ``os._exit``, a segfault, an unreadable file — every check gets a :class:`CheckResult`.
+Nothing in a learner's notebook is trusted: not its outputs, not its kernel state, not its behaviour, not
+what its process reports. For each notebook :func:`grade_notebook`
+
+1. reads the notebook itself (an unreadable file is ``invalid notebook``, no process is started);
+2. copies it into a fresh scratch folder and starts ``course_lib.grading.worker`` there, isolated by
+   :mod:`course_lib.grading.sandbox` (bubblewrap where available) with resource limits and a timeout;
+3. reads, for each check, the observations the child saved (``torch.load(weights_only=True)``: plain data
+   only, size-capped, never following links) and runs the check *again here* on them
+   (:class:`~course_lib.grading.api.Replay`): only this verdict counts.
+
+Whatever the child does (hang, ``os._exit``, crash, write fake files, patch the checks, print fake results),
+every check gets a :class:`CheckResult`, and a forged or missing observation can only fail a check.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
+
+import torch
 
 import course_lib
-from course_lib.grading.api import Check, CheckResult, checks_for, normalise_exercise
+from course_lib.grading import notebook, sandbox
+from course_lib.grading.api import Check, CheckResult, Replay, checks_for, normalise_exercise, printable, run_check
 from course_lib.grading.notebook import NOTEBOOK_NAME
+from course_lib.grading.reference_use import reference_uses
+from course_lib.grading.worker import observations_file
 
 DEFAULT_TIMEOUT_S = 300.0
-_PACKAGE_ROOT = str(Path(course_lib.__file__).resolve().parents[1])
+_PACKAGE_ROOT = Path(course_lib.__file__).resolve().parents[1]
+
+# Grading status of one notebook (a CSV column).
+GRADED, TIMED_OUT, ENDED_EARLY, INVALID, MISSING = "graded", "timed out", "ended early", "invalid notebook", "missing"
+
+
+@dataclass
+class NotebookGrade:
+    """Everything the grader found out about one notebook."""
+
+    exercise: str
+    results: list[CheckResult]
+    status: str = GRADED
+    uses_reference: list[str] = field(default_factory=list)  # course_lib functions the exercise code uses
+    output_tail: str = ""
+
+    @property
+    def earned(self) -> int:
+        return sum(r.earned for r in self.results)
+
+    @property
+    def points(self) -> int:
+        return sum(r.points for r in self.results)
 
 
 def find_notebooks(folder: Path) -> dict[str, Path]:
@@ -43,105 +79,154 @@ def _failed(check: Check, message: str, hint: str | None = None) -> CheckResult:
                        source=check.source)
 
 
-def _tail(path: Path, chars: int = 300) -> str:
+def _read_capped(path: Path, limit: int) -> bytes | None:
+    """The bytes of a regular file the child wrote, never following a link, at most ``limit`` bytes."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        return handle.read(limit + 1)[:limit]
+
+
+def _tail(path: Path, chars: int = 300) -> str:
+    try:  # the parent's own log file: read only its end
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - 4 * chars))
+            data = handle.read(4 * chars)
     except OSError:
         return ""
-    return " ".join(text[-chars:].split())
+    text = data.decode("utf-8", errors="replace").strip()
+    return printable(" ".join(text[-chars:].split()))
 
 
 def _child_env(threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env["COURSE_MODE"] = env.get("COURSE_GRADE_MODE", "smoke")  # checks test behaviour, not scale
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
-    env.setdefault("MPLBACKEND", "Agg")
-    env.setdefault("OMP_NUM_THREADS", str(threads))
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    """A small, explicit environment: nothing of the grader's (tokens, paths) leaks into learner code."""
+    keep = ("LANG", "LC_ALL", "TZ", "COURSE_DATA_DIR", "CUDA_VISIBLE_DEVICES")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env.update({
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "COURSE_MODE": os.environ.get("COURSE_GRADE_MODE", "smoke"),  # checks test behaviour, not scale
+        "PYTHONPATH": str(_PACKAGE_ROOT),
+        "MPLBACKEND": "Agg",
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
     return env
 
 
+def _data_dirs() -> list[Path]:
+    from course_lib.mode import data_dir
+
+    return [data_dir()]
+
+
+def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path], *, timeout_s: float,
+             threads: int, limits: sandbox.Limits, workdir: Path, seed: int) -> tuple[int | None, Path, Path]:
+    """Run the worker on a scratch copy of ``path``; return (exit code or None on timeout, out dir, log)."""
+    scratch, out_dir = workdir / "scratch", workdir / "observations"
+    scratch.mkdir()
+    out_dir.mkdir()
+    copy = scratch / Path(path).name
+    shutil.copyfile(path, copy)
+    log_file = workdir / "output.log"
+    argv = [sys.executable, "-m", "course_lib.grading.worker", str(copy), number, str(out_dir), "--seed", str(seed)]
+    for directory in extra_dirs:
+        argv += ["--extra", str(directory)]
+    command, inside = sandbox.command(argv, scratch=scratch, out_dir=out_dir, package_root=_PACKAGE_ROOT,
+                                      readable=[*extra_dirs, *_data_dirs()])
+    env = _child_env(threads)
+    if command is not argv:  # in the sandbox: its own home, the package at its mounted path
+        env.update(HOME=inside(str(scratch)), PYTHONPATH=sandbox.PACKAGE_ROOT, TMPDIR="/tmp")
+    else:
+        env.update(HOME=str(scratch), TMPDIR=str(scratch))
+    with open(log_file, "wb") as log:
+        proc = subprocess.Popen(command, cwd=scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=sandbox.set_limits(limits))
+        try:
+            returncode: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            # The whole group (and with bubblewrap, the whole PID namespace goes with it).
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    return returncode, out_dir, log_file
+
+
+def _load_observations(out_dir: Path, index: int, limit: int) -> list[dict[str, Any]] | None:
+    data = _read_capped(observations_file(out_dir, index), limit)
+    if data is None:
+        return None
+    import io
+
+    try:
+        records = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception:
+        return None
+    return records if isinstance(records, list) else None
+
+
 def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                   extra_dirs: Iterable[Path] = (), threads: int = 1) -> list[CheckResult]:
-    """Grade one notebook in an isolated process; one result per check of ``exercise``, always."""
+                   extra_dirs: Iterable[Path] = (), threads: int = 1,
+                   limits: sandbox.Limits | None = None) -> NotebookGrade:
+    """Grade one notebook: observed in a sandboxed process, judged here; one result per check, always."""
     number = normalise_exercise(exercise)
     extra_dirs = [Path(d).resolve() for d in extra_dirs]
     checks = checks_for(number, extra_dirs)
     if path is None or not Path(path).is_file():
-        return [_failed(c, f"no notebook for exercise {number} was found", hint="save it as NN_topic.ipynb")
-                for c in checks]
-    # Two folders: the learner's code runs in `workdir`; its results go to `private`, out of the way of code that
-    # cleans up (or vandalises) its working directory.
-    workdir = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-"))
-    private = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-results-"))
+        return NotebookGrade(number, [_failed(c, f"no notebook for exercise {number} was found",
+                                              hint="save it as NN_topic.ipynb") for c in checks], MISSING)
     try:
-        copy = workdir / Path(path).name
-        shutil.copyfile(path, copy)
-        results_file, log_file = private / "results.jsonl", private / "output.log"
-        results_file.touch()
-        command = [sys.executable, "-m", "course_lib.grading.worker", str(copy), number, str(results_file)]
-        for directory in extra_dirs:
-            command += ["--extra", str(directory)]
-        with open(log_file, "wb") as log:
-            proc = subprocess.Popen(command, cwd=workdir, env=_child_env(threads), stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                returncode: int | None = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                returncode = None
-            finally:
-                # The whole group: learner code may have started processes of its own.
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait()
-        results = _collect(checks, results_file, log_file, returncode, timeout_s)
+        nb = notebook.read(Path(path))
+    except notebook.NotebookError as exc:
+        return NotebookGrade(number, [_failed(c, str(exc), "open the notebook in Jupyter and save it again")
+                                      for c in checks], INVALID)
+    uses = reference_uses(nb, number)
+    limits = limits or sandbox.Limits(cpu_s=int(timeout_s * max(1, threads)) + 30)
+    workdir = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-"))
+    seed = secrets.randbelow(2**31)
+    try:
+        returncode, out_dir, log_file = _observe(Path(path), number, checks, extra_dirs, timeout_s=timeout_s,
+                                                 threads=threads, limits=limits, workdir=workdir, seed=seed)
+        tail = _tail(log_file)
+        if returncode is None:
+            status = TIMED_OUT
+            missing = f"timed out after {timeout_s:g} s before this check finished"
+            hint = "look for an infinite loop, or long work in an exercise cell (keep those cells to definitions)"
+        else:
+            status = GRADED
+            missing = f"the grading process ended before this check was observed (exit code {returncode})"
+            hint = "does your code call os._exit or sys.exit, kill its own process, use too much memory or print " \
+                   "too much?" + (f" last output: {tail}" if tail else "")
+        results = []
+        for index, check in enumerate(checks):
+            records = _load_observations(out_dir, index, limits.file_mb << 20)
+            if records is None:
+                results.append(_failed(check, missing, hint))
+                if returncode is not None:
+                    status = ENDED_EARLY
+                continue
+            result = run_check(check, Replay(records, missing=missing, seed=seed))
+            results.append(result)
         for result in results:  # name the learner's file, not the temporary copy
-            result.message = result.message.replace(str(copy), str(path))
-        return results
+            result.message = result.message.replace(str(workdir / "scratch" / Path(path).name), str(path))
+            result.message = result.message.replace(f"{sandbox.SCRATCH}/{Path(path).name}", str(path))
+        return NotebookGrade(number, results, status, uses, tail)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(private, ignore_errors=True)
-
-
-def _collect(checks: list[Check], results_file: Path, log_file: Path, returncode: int | None,
-             timeout_s: float) -> list[CheckResult]:
-    done: dict[int, CheckResult] = {}
-    fatal = None
-    try:
-        lines = results_file.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:  # removed by the learner's code: nothing it reported counts
-        lines = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-            if "fatal" in record:
-                fatal = str(record["fatal"])
-            elif 0 <= int(record["index"]) < len(checks):
-                # Name and points come from the parent's own list, never from the child's report.
-                check = checks[int(record["index"])]
-                result = CheckResult.from_dict(record["result"])
-                result.exercise, result.name, result.points, result.source = (
-                    check.exercise, check.name, check.points, check.source)
-                done[int(record["index"])] = result
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut short by a killed process
-    if fatal:
-        reason, hint = fatal, "open the notebook in Jupyter and save it again"
-    elif returncode is None:
-        reason = f"timed out after {timeout_s:g} s before this check finished"
-        hint = "look for an infinite loop, or long work in an exercise cell (keep those cells to definitions)"
-    else:
-        output = _tail(log_file)
-        reason = f"the grading process ended early (exit code {returncode})"
-        hint = "does your code call os._exit, kill its own process or crash the interpreter?" + (
-            f" last output: {output}" if output else "")
-    return [done.get(i) or _failed(c, reason, hint) for i, c in enumerate(checks)]
 
 
 def grade_notebooks(notebooks: Mapping[str, Path | None], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                    extra_dirs: Iterable[Path] = (), jobs: int | None = None) -> dict[str, list[CheckResult]]:
+                    extra_dirs: Iterable[Path] = (), jobs: int | None = None) -> dict[str, NotebookGrade]:
     """Grade several notebooks (``{number: path or None}``), ``jobs`` processes at a time."""
     extra = list(extra_dirs)
     for number in notebooks:  # import every check module once, here, before threads start

@@ -1,33 +1,34 @@
-"""The child side of isolated grading: load one notebook's code into a fresh namespace, run its checks.
+"""The child side of grading: load one notebook's code, run its checks, record only *observations*.
 
-``python -m course_lib.grading.worker NOTEBOOK EXERCISE RESULTS [--extra DIR ...]``
+``python -m course_lib.grading.worker NOTEBOOK EXERCISE OUT_DIR [--extra DIR ...] [--seed N]``
 
-It is started by :mod:`course_lib.grading.runner` in a temporary working directory and writes
-one JSON object per line to ``RESULTS``: ``{"index": i, "result": {...}}`` for each check as
-soon as it finishes (so a process that dies half-way still reports what it completed), or
-``{"fatal": "..."}`` when the notebook cannot be read. Learner output goes to stdout/stderr,
-which the parent keeps only to quote the end of it in a failure message.
+It runs inside the sandbox (:mod:`course_lib.grading.sandbox`) started by :mod:`course_lib.grading.runner`.
+For check ``i`` it writes ``OUT_DIR/observations-i.pt``: the list of values the check's
+:func:`~course_lib.grading.api.observe` calls got from the learner's code (or the exception they raised),
+saved with ``torch.save``. Nothing here decides a verdict: the parent reads these files with
+``torch.load(weights_only=True)`` and runs the checks again on them, so whatever the learner's code does to
+this process (patch the checks, write fake files, exit early) can only change the observations, never
+the judgement of them. Learner output goes to stdout/stderr, of which the parent keeps only the tail.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import linecache
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import Any, Sequence
 
-from course_lib.grading import notebook
-from course_lib.grading.api import CELL_ERRORS, checks_for, run_check
+import torch
+
+from course_lib.grading import api, notebook
+from course_lib.grading.api import CELL_ERRORS, checks_for
 
 
-def _emit(stream: IO[str], record: dict[str, Any]) -> None:
-    stream.write(json.dumps(record) + "\n")
-    stream.flush()
-    os.fsync(stream.fileno())
+def observations_file(out_dir: Path, index: int) -> Path:
+    return Path(out_dir) / f"observations-{index}.pt"
 
 
 def load_namespace(nb: dict[str, Any]) -> dict[str, Any]:
@@ -47,26 +48,48 @@ def load_namespace(nb: dict[str, Any]) -> dict[str, Any]:
     return ns
 
 
+def _save(records: list[dict[str, Any]], path: Path) -> None:
+    partial = path.with_suffix(".partial")
+    torch.save(records, partial)
+    os.replace(partial, path)  # the parent sees a whole file or none
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.grading.worker")
     parser.add_argument("notebook", type=Path)
     parser.add_argument("exercise")
-    parser.add_argument("results", type=Path)
+    parser.add_argument("out_dir", type=Path)
     parser.add_argument("--extra", type=Path, action="append", default=[])
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    # Load the checks before any learner code runs, and hold our own handle on the results file.
-    checks = checks_for(args.exercise, args.extra)
-    with open(args.results, "a", encoding="utf-8") as out:
+    api.set_run_seed(args.seed)
+    checks = checks_for(args.exercise, args.extra)  # imported before any learner code runs
+    try:
+        nb = notebook.read(args.notebook)
+    except notebook.NotebookError as exc:  # the parent has read it already; report and stop
+        print(exc, file=sys.stderr)
+        return 3
+    ns = load_namespace(nb)
+    for index, check in enumerate(checks):
+        records = api.start_recording()
         try:
-            nb = notebook.read(args.notebook)
-        except notebook.NotebookError as exc:
-            _emit(out, {"fatal": str(exc)})
-            return 0
-        ns = load_namespace(nb)
-        for index, check in enumerate(checks):
-            _emit(out, {"index": index, "result": run_check(check, ns).to_dict()})
+            check.func(ns)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # the verdict is the parent's; only the observations matter here
+            pass
+        finally:
+            api.stop_recording()
+        try:
+            _save(records, observations_file(args.out_dir, index))
+        except Exception as exc:  # e.g. the output limit: this check has no observations
+            print(f"could not save the observations of check {index}: {exc}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    # Threads or processes the learner's code left running must not hold the grader up.
+    os._exit(code)

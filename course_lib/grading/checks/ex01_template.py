@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from course_lib.grading.api import CheckFailed, check_for, need
+import torch
+
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
 
 
 @dataclass
@@ -25,63 +29,113 @@ class _Probe:
     warm_steps: int = 2
 
 
+def _fields(value: Any) -> Any:
+    """A parsed config as data: each field's value and exact type name (or what came back instead)."""
+    if not isinstance(value, _Probe):
+        return {"not a config": one_line(value)}
+    return {f.name: [getattr(value, f.name), type(getattr(value, f.name)).__name__] for f in dataclasses.fields(_Probe)}
+
+
+_TYPE_CASES: list[tuple[list[str], _Probe]] = [
+    ([], _Probe()),
+    (["--depth", "7", "--rate", "0.25"], _Probe(depth=7, rate=0.25)),
+    (["--name", "run-2", "--warm-steps", "11"], _Probe(name="run-2", warm_steps=11)),
+    (["--fast"], _Probe(fast=True)),
+    (["--fast", "--no-fast"], _Probe(fast=False)),
+    (["--limit", "40", "--scale", "none"], _Probe(limit=40, scale=None)),
+    (["--limit", "none", "--rate", "1e-3"], _Probe(limit=None, rate=1e-3)),
+]
+
+
+def _parsed(ns: dict[str, Any]) -> list[Any]:
+    parse = need(ns, "parse_overrides", "define `parse_overrides(argv, cls=TrainConfig)` in the exercise cell")
+    return [_fields(call(parse, list(argv), _Probe)) for argv, _ in _TYPE_CASES]
+
+
 @check_for("01", "overrides parsed with the fields' types")
 def override_types(ns: dict[str, Any]) -> None:
-    parse = need(ns, "parse_overrides", "define `parse_overrides(argv, cls=TrainConfig)` in the exercise cell")
-    cases = [
-        ([], _Probe()),
-        (["--depth", "7", "--rate", "0.25"], _Probe(depth=7, rate=0.25)),
-        (["--name", "run-2", "--warm-steps", "11"], _Probe(name="run-2", warm_steps=11)),
-        (["--fast"], _Probe(fast=True)),
-        (["--fast", "--no-fast"], _Probe(fast=False)),
-        (["--limit", "40", "--scale", "none"], _Probe(limit=40, scale=None)),
-        (["--limit", "none", "--rate", "1e-3"], _Probe(limit=None, rate=1e-3)),
-    ]
-    for argv, expected in cases:
-        got = parse(argv, _Probe)
-        if got != expected or any(type(getattr(got, f.name)) is not type(getattr(expected, f.name))
-                                  for f in dataclasses.fields(_Probe)):
+    for (argv, expected), got in zip(_TYPE_CASES, observe(ns, _parsed)):
+        if got != _fields(expected):
             hint = "convert each value with the field's type (typing.get_type_hints(cls): with `from __future__ " \
                    "import annotations`, field.type is only a string)"
-            if "--warm-steps" in argv and isinstance(got, _Probe) and got.warm_steps != 11:
+            if "--warm-steps" in argv and got.get("warm_steps", [None])[0] != 11:
                 hint = "flags use dashes for underscores: --warm-steps sets warm_steps"
-            if "--fast" in argv and isinstance(got, _Probe) and got.fast != expected.fast:
+            if "--fast" in argv and got.get("fast", [None])[0] != expected.fast:
                 hint = "booleans are switches: --fast sets True, --no-fast sets False"
+            wrong = {k: v for k, v in got.items() if _fields(expected).get(k) != v}
             raise CheckFailed(f"parse_overrides({argv}) built the wrong config", hint=hint,
-                              expected=expected, got=got)
+                              expected={k: _fields(expected).get(k) for k in wrong}, got=wrong)
+
+
+_ERROR_CASES = ((["--dpeth", "7"], "a misspelt flag"), (["--depth"], "a flag without its value"),
+                (["--depth", "seven"], "a value of the wrong type"), (["7"], "a value without a flag"))
+
+
+def _errors(ns: dict[str, Any]) -> list[list[str]]:
+    parse = need(ns, "parse_overrides", "define `parse_overrides(argv, cls=TrainConfig)` in the exercise cell")
+    outcomes = []
+    for argv, _ in _ERROR_CASES:
+        try:
+            got = parse(list(argv), _Probe)
+        except ValueError as exc:
+            outcomes.append(["ValueError", str(exc)])
+        except SystemExit as exc:
+            outcomes.append(["SystemExit", str(exc.code)])
+        except Exception as exc:
+            outcomes.append([type(exc).__name__, str(exc)])
+        else:
+            outcomes.append(["returned", one_line(got)])
+    return outcomes
 
 
 @check_for("01", "unknown or malformed flags are errors")
 def override_errors(ns: dict[str, Any]) -> None:
-    parse = need(ns, "parse_overrides", "define `parse_overrides(argv, cls=TrainConfig)` in the exercise cell")
-    for argv, why in ((["--dpeth", "7"], "a misspelt flag"), (["--depth"], "a flag without its value"),
-                      (["--depth", "seven"], "a value of the wrong type"), (["7"], "a value without a flag")):
-        try:
-            got = parse(argv, _Probe)
-        except ValueError as exc:
-            if why == "a misspelt flag" and "dpeth" not in str(exc):
-                raise CheckFailed("the error for an unknown flag should name it", expected="...dpeth...",
-                                  got=str(exc)) from None
+    for (argv, why), (kind, text) in zip(_ERROR_CASES, observe(ns, _errors)):
+        if kind == "ValueError":
+            if why == "a misspelt flag" and "dpeth" not in text:
+                raise CheckFailed("the error for an unknown flag should name it", expected="...dpeth...", got=text)
             continue
-        except SystemExit:
+        if kind == "SystemExit":
             raise CheckFailed(f"{why} ({argv}) should raise ValueError, not exit the program",
-                              hint="argparse exits on errors: raise ValueError yourself") from None
-        raise CheckFailed(f"{why} ({argv}) should raise ValueError; silently ignoring it trains the wrong run",
-                          expected="ValueError", got=got)
+                              hint="argparse exits on errors: raise ValueError yourself")
+        raise CheckFailed(f"{why} ({argv}) should raise ValueError; silently ignoring it trains the wrong run"
+                          if kind == "returned" else f"{why} ({argv}) should raise ValueError, not {kind}: {text}",
+                          expected="ValueError", got=text if kind == "returned" else kind)
+
+
+def _round_trip_configs() -> list[Any]:
+    from course_lib.train.config import TrainConfig
+
+    return [TrainConfig(lr=0.02, steps=30, eval_every=15, clip=0.5, out="elsewhere/run", seed=4),
+            TrainConfig(steps=9, bs=3, compile=True, model="net", warmup=0)]
+
+
+def _argvs(ns: dict[str, Any]) -> list[Any]:
+    to_argv = need(ns, "to_argv", "define `to_argv(cfg)` in the exercise cell")
+    out = []
+    for cfg in _round_trip_configs():
+        argv = call(to_argv, cfg)
+        out.append(list(argv) if isinstance(argv, (list, tuple)) and all(isinstance(a, str) for a in argv)
+                   else one_line(argv))
+    return out
 
 
 @check_for("01", "config round-trips through the course CLI")
 def argv_round_trip(ns: dict[str, Any]) -> None:
-    to_argv = need(ns, "to_argv", "define `to_argv(cfg)` in the exercise cell")
     from course_lib.train.cli import build_parser, config_from_args
-    from course_lib.train.config import TrainConfig
 
-    for cfg in (TrainConfig(lr=0.02, steps=30, eval_every=15, clip=0.5, out="elsewhere/run", seed=4),
-                TrainConfig(steps=9, bs=3, compile=True, model="net", warmup=0)):
-        argv = to_argv(cfg)
-        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+    for cfg, argv in zip(_round_trip_configs(), observe(ns, _argvs)):
+        if not isinstance(argv, list):
             raise CheckFailed("to_argv should return a list of strings for subprocess", got=argv)
-        parsed = config_from_args(build_parser().parse_args(argv))
+        errors = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(errors):  # argparse reports a bad flag on stderr, then exits
+                parsed = config_from_args(build_parser().parse_args(argv))
+        except SystemExit:
+            raise CheckFailed(
+                "`python -m course_lib.train` rejects the arguments to_argv made (the course CLI, not your code, "
+                "stopped here)", hint="one --flag per field (dashes), --x/--no-x for booleans, 'none' for None",
+                got=" ".join(errors.getvalue().split())[-200:] or argv) from None
         if parsed != cfg:
             diff = {k: (v, getattr(parsed, k)) for k, v in cfg.to_dict().items() if getattr(parsed, k) != v}
             raise CheckFailed("`python -m course_lib.train` would not run this config",
@@ -89,7 +143,7 @@ def argv_round_trip(ns: dict[str, Any]) -> None:
                               expected="same config", got=f"differs in (want, got): {diff}")
 
 
-def _comparable(history: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+def _comparable(history: Any) -> list[tuple[Any, ...]]:
     keys = ("step", "loss", "lr", "grad_norm", "val_loss", "val_acc")
     return [tuple(r.get(k) for k in keys) for r in history]
 
@@ -106,30 +160,74 @@ def _same(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
     return True
 
 
-@check_for("01", "killed half-way, resumed: same metrics as an uninterrupted run", points=2)
-def kill_and_resume(ns: dict[str, Any]) -> None:
+# Two runs the notebook does not show: checkpoints every 4 steps of 8 (half-way = 4), every 3 of 10 (the first
+# checkpoint at or past half-way is step 6, not 10 // 2).
+_RUNS = (dict(steps=8, eval_every=4, log_every=1, bs=8, device="cpu", seed=3, lr=3e-3),
+         dict(steps=10, eval_every=3, log_every=1, bs=8, device="cpu", seed=5, lr=2e-3))
+_MARK = "written_before_the_kill"
+
+
+def _halfway(run: dict[str, Any]) -> int:
+    every = run["eval_every"]
+    return -(-(run["steps"] // 2) // every) * every
+
+
+def _kill_and_resume(ns: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     kill = need(ns, "kill_at_halfway", "define `kill_at_halfway(cfg)` in the exercise cell")
     resume = need(ns, "resume", "define `resume(cfg)` in the exercise cell")
+    from course_lib.train.checkpoint import atomic_torch_save, read_checkpoint
     from course_lib.train.config import TrainConfig
-    from course_lib.train import run
 
     with tempfile.TemporaryDirectory() as tmp:
-        tiny = dict(steps=8, eval_every=4, log_every=1, bs=8, device="cpu", seed=3, lr=3e-3)
-        cfg = TrainConfig(**tiny, out=str(Path(tmp) / "interrupted"))
-        step = kill(cfg)
-        if step != 4:
-            raise CheckFailed("kill_at_halfway should return the step of the checkpoint it stopped at",
-                              hint="wait until read_checkpoint(...)['step'] reaches cfg.steps // 2, then kill",
-                              expected=4, got=step)
-        resumed = resume(cfg)
-        reference = run(TrainConfig(**tiny, out=str(Path(tmp) / "reference")))
-        if not isinstance(resumed, list) or not resumed:
-            raise CheckFailed("resume(cfg) should return the run's history (a list of metric dicts)", got=resumed)
-        want, got = _comparable(reference), _comparable(resumed)
-        if not _same(want, got):
-            first = next((i for i, (a, b) in enumerate(zip(want, got)) if not _same([a], [b])), min(len(want), len(got)))
+        cfg = TrainConfig(**run, out=str(Path(tmp) / "interrupted"))
+        step = call(kill, cfg)
+        ckpt = Path(cfg.out) / "ckpt.pt"
+        on_disk = read_checkpoint(ckpt)["step"] if ckpt.exists() else None
+        if ckpt.exists():
+            # Mark the records the killed run saved: a real resume returns them, a fresh run recomputes them.
+            state = torch.load(ckpt, weights_only=False)
+            for record in state.get("history", []):
+                record[_MARK] = True
+            atomic_torch_save(state, ckpt)
+        history = call(resume, cfg)
+    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
+        return {"step": step if isinstance(step, int) else one_line(step), "on_disk": on_disk,
+                "history": one_line(history), "marked": 0}
+    return {"step": step if isinstance(step, int) else one_line(step), "on_disk": on_disk,
+            "history": _comparable(history), "marked": sum(bool(r.get(_MARK)) for r in history)}
+
+
+@check_for("01", "killed half-way, resumed: same metrics as an uninterrupted run", points=2)
+def kill_and_resume(ns: dict[str, Any]) -> None:
+    from course_lib.train import run as train_run
+    from course_lib.train.config import TrainConfig
+
+    for run in _RUNS:
+        got = observe(ns, _kill_and_resume, run)
+        shown = f"steps={run['steps']}, a checkpoint every {run['eval_every']}"
+        if got["step"] != _halfway(run) or got["on_disk"] != got["step"]:
+            raise CheckFailed(
+                f"kill_at_halfway should return the step of the checkpoint it stopped at ({shown})",
+                hint="poll read_checkpoint(...)['step'] until it reaches cfg.steps // 2, kill, and return the step "
+                     "read from the checkpoint (not a number you compute)",
+                expected=_halfway(run), got={"returned": got["step"], "checkpoint on disk": got["on_disk"]})
+        if not isinstance(got["history"], list) or not got["history"]:
+            raise CheckFailed("resume(cfg) should return the run's history (a list of metric dicts)",
+                              got=got["history"])
+        with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):  # the reference run's progress is not the grader's output
+            want = _comparable(train_run(TrainConfig(**run, out=str(Path(tmp) / "reference"))))
+        history = [tuple(r) for r in got["history"]]
+        if not _same(want, history):
+            first = next((i for i, (a, b) in enumerate(zip(want, history)) if not _same([a], [b])),
+                         min(len(want), len(history)))
             raise CheckFailed("the resumed run does not continue the uninterrupted one exactly",
                               hint="resume from the checkpoint with the same config (course_lib.train.run(cfg, "
                                    "resume=True)); do not start a fresh run or change seeds",
                               expected=want[first] if first < len(want) else "no more records",
-                              got=got[first] if first < len(got) else "no more records")
+                              got=history[first] if first < len(history) else "no more records")
+        if got["marked"] == 0:
+            raise CheckFailed(
+                "resume(cfg) started a fresh run: the history it returned does not come from the checkpoint (the "
+                "numbers match only because training is deterministic)",
+                hint="continue from the checkpoint: course_lib.train.run(cfg, resume=True)")

@@ -8,44 +8,55 @@ from typing import Any, Iterator
 
 import torch
 
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
 
 # ------------------------------------------------------------------ loader_config
 
 
+_MACHINES = [(cores, device_type) for cores in (1, 2, 3, 16) for device_type in ("cpu", "cuda", "mps")]
+
+
+def _loader_configs(ns: dict[str, Any]) -> list[Any]:
+    loader_config = need(ns, "loader_config", "define `loader_config(cores, device_type)` in the exercise cell")
+    configs = []
+    for cores, device_type in _MACHINES:
+        cfg = call(loader_config, cores, device_type)
+        data_like = isinstance(cfg, dict) and all(v is None or isinstance(v, (bool, int, float, str))
+                                                  for v in cfg.values())
+        configs.append(cfg if data_like else one_line(cfg))
+    return configs
+
+
 @check_for("02", "loader settings legal on any machine")
 def loader_settings(ns: dict[str, Any]) -> None:
-    loader_config = need(ns, "loader_config", "define `loader_config(cores, device_type)` in the exercise cell")
-    for cores in (1, 2, 3, 16):
-        for device_type in ("cpu", "cuda", "mps"):
-            cfg = loader_config(cores, device_type)
-            where = f"loader_config({cores}, {device_type!r})"
-            if not isinstance(cfg, dict):
-                raise CheckFailed(f"{where} should return a dict", got=cfg)
-            missing = {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory"} - set(cfg)
-            if missing:
-                raise CheckFailed(f"{where} is missing key(s) {sorted(missing)}", got=sorted(cfg))
-            workers = cfg["num_workers"]
-            if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
-                raise CheckFailed(f"{where}: num_workers must be an int >= 0", got=workers)
-            if cores == 1 and workers != 0:
-                raise CheckFailed(f"{where}: with one core there is none to spare for workers",
-                                  hint="the training loop itself needs the only core: use num_workers=0",
-                                  expected=0, got=workers)
-            if cores > 1 and not 1 <= workers <= cores - 1:
-                raise CheckFailed(f"{where}: use between 1 and cores-1 workers (leave a core for the training loop)",
-                                  expected=f"1..{cores - 1}", got=workers)
-            if workers == 0 and (cfg["prefetch_factor"] is not None or cfg["persistent_workers"]):
-                raise CheckFailed(f"{where}: prefetch_factor/persistent_workers only exist for worker processes",
-                                  hint="with num_workers=0 use prefetch_factor=None and persistent_workers=False",
-                                  got=cfg)
-            if workers > 0 and not (isinstance(cfg["prefetch_factor"], int) and cfg["prefetch_factor"] >= 1):
-                raise CheckFailed(f"{where}: with workers, prefetch_factor is an int >= 1 (batches per worker)",
-                                  got=cfg["prefetch_factor"])
-            if cfg["pin_memory"] != (device_type == "cuda"):
-                raise CheckFailed(f"{where}: pinned memory only speeds up copies to a CUDA GPU",
-                                  hint="pin_memory = (device_type == 'cuda')",
-                                  expected=device_type == "cuda", got=cfg["pin_memory"])
+    for (cores, device_type), cfg in zip(_MACHINES, observe(ns, _loader_configs)):
+        where = f"loader_config({cores}, {device_type!r})"
+        if not isinstance(cfg, dict):
+            raise CheckFailed(f"{where} should return a dict", got=cfg)
+        missing = {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory"} - set(cfg)
+        if missing:
+            raise CheckFailed(f"{where} is missing key(s) {sorted(missing)}", got=sorted(cfg))
+        workers = cfg["num_workers"]
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+            raise CheckFailed(f"{where}: num_workers must be an int >= 0", got=workers)
+        if cores == 1 and workers != 0:
+            raise CheckFailed(f"{where}: with one core there is none to spare for workers",
+                              hint="the training loop itself needs the only core: use num_workers=0",
+                              expected=0, got=workers)
+        if cores > 1 and not 1 <= workers <= cores - 1:
+            raise CheckFailed(f"{where}: use between 1 and cores-1 workers (leave a core for the training loop)",
+                              expected=f"1..{cores - 1}", got=workers)
+        if workers == 0 and (cfg["prefetch_factor"] is not None or cfg["persistent_workers"]):
+            raise CheckFailed(f"{where}: prefetch_factor/persistent_workers only exist for worker processes",
+                              hint="with num_workers=0 use prefetch_factor=None and persistent_workers=False",
+                              got=cfg)
+        if workers > 0 and not (isinstance(cfg["prefetch_factor"], int) and cfg["prefetch_factor"] >= 1):
+            raise CheckFailed(f"{where}: with workers, prefetch_factor is an int >= 1 (batches per worker)",
+                              got=cfg["prefetch_factor"])
+        if cfg["pin_memory"] != (device_type == "cuda"):
+            raise CheckFailed(f"{where}: pinned memory only speeds up copies to a CUDA GPU",
+                              hint="pin_memory = (device_type == 'cuda')",
+                              expected=device_type == "cuda", got=cfg["pin_memory"])
 
 
 # ------------------------------------------------------------------ samples_per_second
@@ -78,18 +89,33 @@ class _CountingLoader:
         return len(self.sizes)
 
 
-@check_for("02", "samples/s counts samples over the measured batches")
-def samples_rate(ns: dict[str, Any]) -> None:
+def _rates(ns: dict[str, Any]) -> dict[str, Any]:
     fn = need(ns, "samples_per_second",
               "define `samples_per_second(loader, n_batches, clock=time.perf_counter)` in the exercise cell")
     clock = _FakeClock()
     loader = _CountingLoader([6, 6, 5, 6, 6, 6], clock)
-    got = fn(loader, 3, clock=clock)
+    got = call(fn, loader, 3, clock=clock)
+    short = _CountingLoader([4, 4], _FakeClock())
+    try:
+        fn(short, 5, clock=short.clock)
+        too_few = "returned"
+    except ValueError:
+        too_few = "ValueError"
+    except Exception as exc:
+        too_few = type(exc).__name__
+    return {"got": got if isinstance(got, (int, float)) else one_line(got), "produced": loader.produced,
+            "too_few": too_few}
+
+
+@check_for("02", "samples/s counts samples over the measured batches")
+def samples_rate(ns: dict[str, Any]) -> None:
+    seen = observe(ns, _rates)
+    got = seen["got"]
     expected = (6 + 6 + 5) / (3 * 0.5)
-    if loader.produced > 3:
+    if seen["produced"] > 3:
         raise CheckFailed("stop after n_batches: the loader was read further than asked",
                           hint="break out of the loop once n_batches batches have arrived",
-                          expected="3 batches read", got=f"{loader.produced} batches read")
+                          expected="3 batches read", got=f"{seen['produced']} batches read")
     if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=1e-6):
         hint = "count the samples in each batch (len(x)), not the tensors in the (x, y) tuple"
         if isinstance(got, (int, float)) and math.isclose(got, 3 * 2 / 1.5, rel_tol=1e-6):
@@ -98,40 +124,48 @@ def samples_rate(ns: dict[str, Any]) -> None:
             hint = "the third batch is smaller: add up the real batch sizes instead of n_batches * batch_size"
         raise CheckFailed("samples per second is off for batches of 6, 6 and 5 arriving every 0.5 s",
                           hint=hint, expected=expected, got=got)
-    short = _CountingLoader([4, 4], _FakeClock())
-    try:
-        fn(short, 5, clock=short.clock)
-    except ValueError:
-        pass
-    else:
+    if seen["too_few"] != "ValueError":
         raise CheckFailed("a loader with fewer batches than n_batches should raise ValueError",
-                          hint="otherwise the rate silently covers fewer batches than you asked for")
+                          hint="otherwise the rate silently covers fewer batches than you asked for",
+                          expected="ValueError", got=seen["too_few"])
 
 
 # ------------------------------------------------------------------ profile_steps
 
 
-@check_for("02", "profiler records only the active steps")
-def profiler_schedule(ns: dict[str, Any]) -> None:
+def _profiled(ns: dict[str, Any]) -> dict[str, Any]:
     fn = need(ns, "profile_steps", "define `profile_steps(step_fn, warmup=1, active=3)` in the exercise cell")
     calls = []
-    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g)
 
     def step() -> None:
         calls.append(1)
         torch.mm(a, b)
 
-    prof = fn(step, warmup=2, active=4)
-    if len(calls) != 6:
-        raise CheckFailed("run the step warmup + active times", expected=6, got=len(calls))
+    prof = call(fn, step, warmup=2, active=4)
     if prof is None or not hasattr(prof, "key_averages"):
-        raise CheckFailed("return the torch.profiler.profile object", got=type(prof).__name__)
-    counts = {e.key: e.count for e in prof.key_averages()}
-    if counts.get("aten::mm") != 4:
-        raise CheckFailed("the profile should hold the 4 active steps only (warm-up steps are not recorded)",
-                          hint="schedule=torch.profiler.schedule(wait=0, warmup=warmup, active=active) and "
-                               "call prof.step() after every step",
-                          expected="aten::mm x 4", got=f"aten::mm x {counts.get('aten::mm', 0)}")
+        return {"calls": len(calls), "returned": type(prof).__name__, "mm": None}
+    return {"calls": len(calls), "returned": "profile",
+            "mm": {e.key: e.count for e in prof.key_averages()}.get("aten::mm", 0)}
+
+
+@check_for("02", "profiler records only the active steps")
+def profiler_schedule(ns: dict[str, Any]) -> None:
+    seen = observe(ns, _profiled)
+    if seen["calls"] != 6:
+        raise CheckFailed("run the step warmup + active times", expected=6, got=seen["calls"])
+    if seen["returned"] != "profile":
+        raise CheckFailed("return the torch.profiler.profile object", got=seen["returned"])
+    if seen["mm"] != 4:
+        raise CheckFailed(
+            "the profile should hold the 4 active steps only (warm-up steps are not recorded)",
+            hint="schedule=torch.profiler.schedule(wait=0, warmup=warmup, active=active, repeat=1) and prof.step() "
+                 "after every step; without repeat=1 the schedule starts a new cycle after the last step and the "
+                 "recorded events are gone" if seen["mm"] == 0 else
+                 "record only the active steps: pass schedule=torch.profiler.schedule(wait=0, warmup=warmup, "
+                 "active=active, repeat=1) and call prof.step() after every step",
+            expected="aten::mm x 4", got=f"aten::mm x {seen['mm']}")
 
 
 # ------------------------------------------------------------------ top_ops
@@ -158,18 +192,29 @@ def _reference_top(prof: Any, k: int) -> list[tuple[str, float]]:
     return [(e.key, e.self_cpu_time_total / 1000.0) for e in events[:k]]
 
 
+
+# Nested ops: "step" and "aten::linear" have big totals that include their children.
+_EVENTS = [
+    _Event("step", 50.0, 9000.0), _Event("aten::linear", 200.0, 6000.0), _Event("aten::addmm", 4000.0, 4100.0),
+    _Event("aten::relu", 900.0, 900.0), _Event("aten::copy_", 1500.0, 1500.0), _Event("aten::mul", 700.0, 700.0),
+    _Event("aten::sum", 300.0, 300.0), _Event("aten::add", 1200.0, 1300.0),
+]
+
+
+def _tops(ns: dict[str, Any]) -> dict[str, Any]:
+    fn = need(ns, "top_ops", "define `top_ops(prof, k=5)` in the exercise cell")
+    got = call(fn, _FakeProfile(_EVENTS), k=3)
+    if isinstance(got, (list, tuple)) and all(isinstance(i, (list, tuple)) and len(i) == 2 for i in got):
+        return [[one_line(name) if not isinstance(name, str) else name,
+                 float(ms) if isinstance(ms, (int, float)) else one_line(ms)] for name, ms in got]
+    return one_line(got)
+
+
 @check_for("02", "top operations by self time, in ms")
 def top_operations(ns: dict[str, Any]) -> None:
-    fn = need(ns, "top_ops", "define `top_ops(prof, k=5)` in the exercise cell")
-    # Nested ops: "step" and "aten::linear" have big totals that include their children.
-    events = [
-        _Event("step", 50.0, 9000.0), _Event("aten::linear", 200.0, 6000.0), _Event("aten::addmm", 4000.0, 4100.0),
-        _Event("aten::relu", 900.0, 900.0), _Event("aten::copy_", 1500.0, 1500.0), _Event("aten::mul", 700.0, 700.0),
-        _Event("aten::sum", 300.0, 300.0), _Event("aten::add", 1200.0, 1300.0),
-    ]
-    fake = _FakeProfile(events)
+    fake = _FakeProfile(_EVENTS)
     expected = _reference_top(fake, 3)
-    got = fn(fake, k=3)
+    got = observe(ns, _tops)
     got_list = [tuple(item) for item in got] if isinstance(got, (list, tuple)) else got
     names = [n for n, _ in got_list] if isinstance(got_list, list) and all(len(i) == 2 for i in got_list) else None
     if names is None:
@@ -185,36 +230,40 @@ def top_operations(ns: dict[str, Any]) -> None:
         if not isinstance(have, (int, float)) or not math.isclose(have, want, rel_tol=1e-6):
             hint = "the profiler reports microseconds: divide by 1000 for milliseconds"
             raise CheckFailed("self times should be in milliseconds", hint=hint, expected=expected, got=got_list)
-    # And on a real profile of a tiny model.
-    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for _ in range(2):
-            model(torch.randn(8, 16)).sum().backward()
-    want = _reference_top(prof, 5)
-    have = fn(prof, k=5)
-    if sorted(round(float(t), 6) for _, t in have) != sorted(round(t, 6) for _, t in want):
-        raise CheckFailed("on a real torch.profiler profile the top-5 differ from key_averages() sorted by self time",
-                          expected=want, got=have)
 
 
 # ------------------------------------------------------------------ verdict
 
 
+_CASES = [((3.0, 1.0), "input-bound"), ((0.2, 2.5), "compute-bound"), ((1.5, 1.5), "input-bound"),
+          ((0.0, 4.0), "compute-bound"), ((7.0, 0.0), "input-bound")]
+_INVALID = ((-1.0, 1.0), (1.0, -0.5), (0.0, 0.0))
+
+
+def _verdicts(ns: dict[str, Any]) -> dict[str, Any]:
+    fn = need(ns, "verdict", "define `verdict(data_s, compute_s)` in the exercise cell")
+    answers = [one_line(call(fn, *args)) for args, _ in _CASES]
+    rejected = []
+    for bad in _INVALID:
+        try:
+            fn(*bad)
+            rejected.append("returned")
+        except ValueError:
+            rejected.append("ValueError")
+        except Exception as exc:
+            rejected.append(type(exc).__name__)
+    return {"answers": answers, "rejected": rejected}
+
+
 @check_for("02", "verdict from the measured split")
 def verdict_rule(ns: dict[str, Any]) -> None:
-    fn = need(ns, "verdict", "define `verdict(data_s, compute_s)` in the exercise cell")
-    cases = [((3.0, 1.0), "input-bound"), ((0.2, 2.5), "compute-bound"), ((1.5, 1.5), "input-bound"),
-             ((0.0, 4.0), "compute-bound"), ((7.0, 0.0), "input-bound")]
-    for args, expected in cases:
-        got = fn(*args)
-        if got != expected:
+    seen = observe(ns, _verdicts)
+    for (args, expected), got in zip(_CASES, seen["answers"]):
+        if got != repr(expected):
             raise CheckFailed(f"verdict(data_s={args[0]}, compute_s={args[1]}) is wrong",
                               hint="input-bound when the step waits for data at least as long as it computes",
                               expected=expected, got=got)
-    for bad in ((-1.0, 1.0), (1.0, -0.5), (0.0, 0.0)):
-        try:
-            fn(*bad)
-        except ValueError:
-            continue
-        raise CheckFailed(f"verdict{bad} should raise ValueError (negative times, or nothing measured)",
-                          hint="check the inputs before deciding")
+    for bad, outcome in zip(_INVALID, seen["rejected"]):
+        if outcome != "ValueError":
+            raise CheckFailed(f"verdict{bad} should raise ValueError (negative times, or nothing measured)",
+                              hint="check the inputs before deciding", expected="ValueError", got=outcome)

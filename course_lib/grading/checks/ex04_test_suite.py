@@ -10,7 +10,7 @@ import tempfile
 from typing import Any, Callable
 
 from course_lib.grading import suite_targets as targets
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, check_for, need, observe
 
 
 def _suite(ns: dict[str, Any]) -> dict[str, Callable[..., None]]:
@@ -23,28 +23,26 @@ def _suite(ns: dict[str, Any]) -> dict[str, Callable[..., None]]:
     return tests
 
 
-# The correct implementation's outcome per suite, so the eight checks run it once (keyed by the test functions).
-_REFERENCE_RUNS: dict[tuple[int, ...], dict[str, str]] = {}
+# Outcomes per (suite, implementation), so the eight checks run the correct implementation once.
+_RUNS: dict[tuple[Any, ...], dict[str, str]] = {}
 
 
-def _run(tests: dict[str, Callable[..., None]], impl: targets.Reference) -> dict[str, str]:
-    with tempfile.TemporaryDirectory() as tmp:
-        return targets.run_suite(tests, impl, tmp)
-
-
-def _reference_outcome(tests: dict[str, Callable[..., None]]) -> dict[str, str]:
-    key = tuple(id(fn) for fn in tests.values())
-    if key not in _REFERENCE_RUNS:
-        _REFERENCE_RUNS[key] = _run(tests, targets.Reference())
-    return _REFERENCE_RUNS[key]
+def _outcome(ns: dict[str, Any], implementation: str) -> dict[str, str]:
+    """``{test name: "" or the error}`` of the learner's suite on ``suite_targets.<implementation>``."""
+    tests = _suite(ns)
+    key = (*(id(fn) for fn in tests.values()), implementation)
+    if key not in _RUNS:
+        with tempfile.TemporaryDirectory() as tmp:
+            _RUNS[key] = targets.run_suite(tests, getattr(targets, implementation)(), tmp)
+    return _RUNS[key]
 
 
 @check_for("04", "all tests pass on the correct implementation", points=2)
 def passes_on_correct(ns: dict[str, Any]) -> None:
-    outcome = _reference_outcome(_suite(ns))
+    outcome = observe(ns, _outcome, "Reference")
     failing = {name: error for name, error in outcome.items() if error}
-    if failing:
-        name, error = next(iter(failing.items()))
+    if failing or sorted(outcome) != sorted(targets.TEST_NAMES):
+        name, error = next(iter(failing.items())) if failing else ("?", "missing tests")
         raise CheckFailed(f"{name} fails on a correct implementation, so it would flag good code",
                           hint="loosen tolerances only where floats legitimately differ; use eval mode to compare "
                                "outputs; give the overfit test enough steps",
@@ -53,10 +51,9 @@ def passes_on_correct(ns: dict[str, Any]) -> None:
 
 def _make_caught_check(broken: type[targets.Reference]) -> None:
     def caught(ns: dict[str, Any]) -> None:
-        tests = _suite(ns)
-        good = _reference_outcome(tests)
-        bad = _run(tests, broken())
-        if not any(bad[name] and not good[name] for name in tests):
+        good = observe(ns, _outcome, "Reference")
+        bad = observe(ns, _outcome, broken.__name__)
+        if not any(bad.get(name) and not good.get(name) for name in targets.TEST_NAMES):
             raise CheckFailed(f"no test catches an implementation with this bug: {broken.name}",
                               hint=_HINTS[broken], expected="at least one test fails", got="all tests pass")
 

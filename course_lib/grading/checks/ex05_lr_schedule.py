@@ -12,7 +12,7 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, LearnerRaised, call, check_for, need, observe, run_seed
 from course_lib.train.schedule import lr_at as reference_lr_at
 
 TOL = 1e-9
@@ -23,15 +23,26 @@ def _cfg(lr: float, warmup: int, steps: int) -> SimpleNamespace:
     return SimpleNamespace(lr=lr, warmup=warmup, steps=steps)
 
 
-def _lr_at(ns: dict[str, Any]) -> Any:
-    return need(ns, "lr_at", "define `lr_at(step, cfg)` returning a float")
+def _values(ns: dict[str, Any], lr: float, warmup: int, total: int, steps: list[int] | None = None,
+            order_seed: int | None = None) -> dict[str, Any]:
+    """The learner's ``lr_at`` at ``steps`` (default: every step 0..total) for ``_cfg(lr, warmup, total)``,
+    asked in order or shuffled, and the config's fields afterwards."""
+    fn = need(ns, "lr_at", "define `lr_at(step, cfg)` returning a float")
+    cfg = _cfg(lr, warmup, total)
+    wanted = list(range(total + 1)) if steps is None else list(steps)
+    asked = list(wanted)
+    if order_seed is not None:
+        random.Random(order_seed).shuffle(asked)
+    got = {step: call(fn, step, cfg) for step in asked}
+    values = [got[step] if isinstance(got[step], (int, float)) else repr(got[step]) for step in wanted]
+    return {"values": values, "cfg_after": [cfg.lr, cfg.warmup, cfg.steps]}
 
 
-def _first_mismatch(fn: Any, cfg: SimpleNamespace, steps: list[int]) -> tuple[int, float, float] | None:
-    for step in steps:
-        got, expected = fn(step, cfg), reference_lr_at(step, cfg)
-        if not isinstance(got, (int, float)) or not math.isclose(float(got), expected, rel_tol=1e-7, abs_tol=TOL):
-            return step, expected, got
+def _first_mismatch(got: list[Any], cfg: SimpleNamespace, steps: list[int]) -> tuple[int, float, Any] | None:
+    for step, value in zip(steps, got):
+        expected = reference_lr_at(step, cfg)
+        if not isinstance(value, (int, float)) or not math.isclose(float(value), expected, rel_tol=1e-7, abs_tol=TOL):
+            return step, expected, value
     return None
 
 
@@ -46,26 +57,31 @@ def _hint(step: int, cfg: SimpleNamespace) -> str:
     )
 
 
+def _peak(ns: dict[str, Any], base: float) -> float:
+    """A peak rate that differs per grading run (answers computed in advance for fixed inputs do not fit)."""
+    return round(base * (1 + (run_seed(ns) % 97) / 100), 12)
+
+
 @check_for("05", "warm-up then cosine to 10%", points=2)
 def values(ns: dict[str, Any]) -> None:
-    fn = _lr_at(ns)
-    for cfg in (_cfg(3e-3, 7, 61), _cfg(0.5, 20, 45)):
-        bad = _first_mismatch(fn, cfg, list(range(cfg.steps + 1)))
+    for cfg in (_cfg(_peak(ns, 3e-3), 7, 61), _cfg(_peak(ns, 0.5), 20, 45)):
+        got = observe(ns, _values, cfg.lr, cfg.warmup, cfg.steps)["values"]
+        bad = _first_mismatch(got, cfg, list(range(cfg.steps + 1)))
         if bad:
-            step, expected, got = bad
+            step, expected, value = bad
             raise CheckFailed(
                 f"lr_at({step}, cfg) is wrong for lr={cfg.lr}, warmup={cfg.warmup}, steps={cfg.steps}",
                 hint=_hint(step, cfg),
                 expected=expected,
-                got=got,
+                got=value,
             )
 
 
 @check_for("05", "warmup=0 starts at the peak", points=1)
 def no_warmup(ns: dict[str, Any]) -> None:
-    fn = _lr_at(ns)
-    cfg = _cfg(0.02, 0, 30)
-    bad = _first_mismatch(fn, cfg, [0, 1, 15, 29, 30])
+    cfg = _cfg(_peak(ns, 0.02), 0, 30)
+    steps = [0, 1, 15, 29, 30]
+    bad = _first_mismatch(observe(ns, _values, cfg.lr, cfg.warmup, cfg.steps, steps)["values"], cfg, steps)
     if bad:
         step, expected, got = bad
         raise CheckFailed(
@@ -77,11 +93,28 @@ def no_warmup(ns: dict[str, Any]) -> None:
         )
 
 
+@check_for("05", "warmup == steps (all warm-up) is allowed", points=1)
+def all_warmup(ns: dict[str, Any]) -> None:
+    cfg = _cfg(_peak(ns, 0.3), 12, 12)  # TrainConfig allows it: the whole run is warm-up, then the floor
+    try:
+        got = observe(ns, _values, cfg.lr, cfg.warmup, cfg.steps)["values"]
+    except LearnerRaised as raised:
+        raise CheckFailed(
+            f"with warmup == steps == {cfg.steps} (a run that is all warm-up) lr_at crashed: {raised.message}",
+            hint="guard the cosine's denominator: t = (step - warmup) / max(1, steps - warmup)",
+        ) from None
+    bad = _first_mismatch(got, cfg, list(range(cfg.steps + 1)))
+    if bad:
+        step, expected, value = bad
+        raise CheckFailed(f"with warmup == steps == {cfg.steps}, lr_at({step}, cfg) is wrong", hint=_hint(step, cfg),
+                          expected=expected, got=value)
+
+
 @check_for("05", "past the end stays at 10%", points=1)
 def past_end(ns: dict[str, Any]) -> None:
-    fn = _lr_at(ns)
-    cfg = _cfg(1e-3, 4, 40)
-    bad = _first_mismatch(fn, cfg, [40, 41, 55, 80, 400])
+    cfg = _cfg(_peak(ns, 1e-3), 4, 40)
+    steps = [40, 41, 55, 80, 400]
+    bad = _first_mismatch(observe(ns, _values, cfg.lr, cfg.warmup, cfg.steps, steps)["values"], cfg, steps)
     if bad:
         step, expected, got = bad
         raise CheckFailed(
@@ -94,19 +127,15 @@ def past_end(ns: dict[str, Any]) -> None:
 
 @check_for("05", "pure function of the step (exact resume)", points=1)
 def pure(ns: dict[str, Any]) -> None:
-    fn = _lr_at(ns)
-    cfg = _cfg(2e-3, 5, 50)
-    in_order = [fn(s, cfg) for s in range(51)]
+    in_order = observe(ns, _values, 2e-3, 5, 50)
     # A resumed run asks for step 30 first, without having seen steps 0..29: the answer must not change.
-    steps = list(range(51))
-    random.Random(7).shuffle(steps)
-    shuffled = {s: fn(s, cfg) for s in steps}
-    changed = [s for s in range(51) if shuffled[s] != in_order[s]]
-    if changed or vars(cfg) != {"lr": 2e-3, "warmup": 5, "steps": 50}:
+    shuffled = observe(ns, _values, 2e-3, 5, 50, order_seed=7)
+    changed = [s for s in range(51) if shuffled["values"][s] != in_order["values"][s]]
+    if changed or shuffled["cfg_after"] != [2e-3, 5, 50] or in_order["cfg_after"] != [2e-3, 5, 50]:
         raise CheckFailed(
             "lr_at gave different answers for the same step depending on what was asked before (or changed cfg): "
             "a resumed run would not continue the same schedule",
             hint="compute the rate from `step` and `cfg` only: no counters, no stored state, no changes to cfg",
             expected="the same value for the same step, in any order",
-            got=f"steps that changed: {changed[:5]}" if changed else vars(cfg),
+            got=f"steps that changed: {changed[:5]}" if changed else f"cfg after: {shuffled['cfg_after']}",
         )

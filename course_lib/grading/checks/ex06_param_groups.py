@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe
 from course_lib.train.optim import param_groups as reference_param_groups
 
 WD = 0.037
@@ -62,19 +62,35 @@ def _assignment(groups: Any, names: dict[int, str]) -> dict[str, list[float]]:
     return seen
 
 
-def _learner(ns: dict[str, Any], model: nn.Module, wd: float) -> dict[str, list[float]]:
+def _model(which: int) -> nn.Module:
+    torch.manual_seed(0)
+    return _models()[which]
+
+
+def _learner(ns: dict[str, Any], which: int, wd: float) -> dict[str, Any]:
+    """Parameter name -> decays of the groups the learner put it in, and the decays AdamW ends up with."""
     fn = need(ns, "param_groups", "define `param_groups(model, wd)` returning a list of AdamW parameter groups")
-    return _assignment(fn(model, wd), _names(model))
+    model = _model(which)
+    groups = call(fn, model, wd)
+    assignment = _assignment(groups, _names(model))
+    try:
+        opt = torch.optim.AdamW(groups, lr=1e-3)
+        adamw = sorted({float(g["weight_decay"]) for g in opt.param_groups if g["params"]})
+    except Exception as exc:
+        adamw = f"AdamW rejected the groups: {type(exc).__name__}: {exc}"
+    return {"assignment": assignment, "adamw": adamw}
 
 
-def _expected(model: nn.Module, wd: float) -> dict[str, list[float]]:
+def _expected(which: int, wd: float) -> dict[str, list[float]]:
+    model = _model(which)
     return _assignment(reference_param_groups(model, wd), _names(model))
 
 
 @check_for("06", "decay only for >= 2-D parameters", points=2)
 def decay_split(ns: dict[str, Any]) -> None:
-    for model in _models():
-        got, expected = _learner(ns, model, WD), _expected(model, WD)
+    for which in range(len(_models())):
+        model = _model(which)
+        got, expected = observe(ns, _learner, which, WD)["assignment"], _expected(which, WD)
         wrong = {n: got.get(n) for n, wds in expected.items() if got.get(n, [None])[:1] != wds}
         if wrong:
             name = next(iter(wrong))
@@ -94,9 +110,8 @@ def decay_split(ns: dict[str, Any]) -> None:
 
 @check_for("06", "frozen parameters left out", points=1)
 def frozen_excluded(ns: dict[str, Any]) -> None:
-    model = _Mixed()
-    got = _learner(ns, model, WD)
-    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    got = observe(ns, _learner, 0, WD)["assignment"]
+    frozen = [n for n, p in _model(0).named_parameters() if not p.requires_grad]
     included = [n for n in frozen if n in got]
     if included:
         raise CheckFailed(
@@ -110,13 +125,11 @@ def frozen_excluded(ns: dict[str, Any]) -> None:
 
 @check_for("06", "each parameter exactly once, AdamW accepts it", points=1)
 def once_each(ns: dict[str, Any]) -> None:
-    model = _Mixed()
-    fn = need(ns, "param_groups", "define `param_groups(model, wd)`")
-    groups = fn(model, WD)
-    got = _assignment(groups, _names(model))
+    seen = observe(ns, _learner, 0, WD)
+    got = seen["assignment"]
     twice = {n: wds for n, wds in got.items() if len(wds) > 1}
     foreign = [n for n in got if n == "<not in model>"]
-    missing = [n for n, p in model.named_parameters() if p.requires_grad and n not in got]
+    missing = [n for n, p in _model(0).named_parameters() if p.requires_grad and n not in got]
     if twice or foreign or missing:
         raise CheckFailed(
             "every trainable parameter must be in exactly one group (tied weights are one tensor)",
@@ -124,12 +137,10 @@ def once_each(ns: dict[str, Any]) -> None:
             expected="each trainable parameter once",
             got={"in several groups": twice, "missing": missing, "not from this model": len(foreign)},
         )
-    opt = torch.optim.AdamW(groups, lr=1e-3)
-    decays = {g["weight_decay"] for g in opt.param_groups if g["params"]}
-    if decays != {WD, 0.0}:
+    if seen["adamw"] != sorted({WD, 0.0}):
         raise CheckFailed(
             "AdamW should see two decay values: wd for matrices and 0.0 for the rest",
             hint="set 'weight_decay' explicitly in both groups (AdamW's default is 0.01, not 0)",
             expected=sorted({WD, 0.0}),
-            got=sorted(decays),
+            got=seen["adamw"],
         )

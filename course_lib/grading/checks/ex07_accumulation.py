@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
 from course_lib.train.accumulate import train_accumulated as reference_train_accumulated
 
 LR = 0.3
@@ -30,25 +30,40 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, CLASSES))
 
 
-def _data(n: int = N) -> TensorDataset:
+def _data(n: int = N, padded: bool = True) -> TensorDataset:
+    """``n`` samples; with ``padded`` every 6th target is -100 (padding: not a target, not counted)."""
     g = torch.Generator().manual_seed(9)
-    return TensorDataset(torch.randn(n, 6, generator=g), torch.randint(0, CLASSES, (n,), generator=g))
+    y = torch.randint(0, CLASSES, (n,), generator=g)
+    if padded:
+        y[::6] = -100
+    return TensorDataset(torch.randn(n, 6, generator=g), y)
 
 
 def _loader(data: TensorDataset, batch: int = MICRO) -> DataLoader:
     return DataLoader(data, batch_size=batch, shuffle=False)
 
 
-def _big_batch_run(data: TensorDataset, groups_of: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> nn.Module:
-    """The definition: one SGD step per group on all of the group's samples at once."""
+def _big_batch_run(data: TensorDataset, groups_of: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                   weights: torch.Tensor | None = None) -> tuple[nn.Module, float]:
+    """The definition: one SGD step per group on all of the group's samples at once.
+
+    Also returns the epoch's loss as train_accumulated reports it: the summed (weighted) per-target losses,
+    each taken before its group's step, over the summed (weighted) target count.
+    """
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     x, y = data.tensors
+    total, count = 0.0, 0.0
     for start in range(0, len(x), groups_of):
+        xs, ys = x[start : start + groups_of], y[start : start + groups_of]
         opt.zero_grad()
-        loss_fn(model(x[start : start + groups_of]), y[start : start + groups_of]).backward()
+        out = model(xs)
+        loss_fn(out, ys).backward()
         opt.step()
-    return model
+        total += float(F.cross_entropy(out.detach(), ys, weight=weights, reduction="sum"))
+        real = ys[ys != -100]
+        count += float(weights[real].sum()) if weights is not None else len(real)
+    return model, total / max(count, 1e-12)
 
 
 def _naive_run(data: TensorDataset) -> nn.Module:
@@ -64,8 +79,10 @@ def _naive_run(data: TensorDataset) -> nn.Module:
     return model
 
 
-def _max_diff(a: nn.Module, b: nn.Module) -> float:
-    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+def _max_diff(a: Any, b: nn.Module) -> float:
+    """Largest weight difference; ``a`` is a module or a list of its parameters (as observed)."""
+    params = list(a.parameters()) if isinstance(a, nn.Module) else list(a)
+    return max((p - q).abs().max().item() for p, q in zip(params, b.parameters()))
 
 
 class _CountingSGD(torch.optim.SGD):
@@ -80,27 +97,58 @@ class _CountingSGD(torch.optim.SGD):
         return super().step(closure)
 
 
-@check_for("07", "groups of 15/15/11: one step each", points=1)
-def group_sizes(ns: dict[str, Any]) -> None:
-    fn = need(ns, "train_accumulated", "define `train_accumulated(model, loader, optimizer, device, microbatches=4)`")
-    data = _data()
+def _as_result(result: Any) -> Any:
+    if not isinstance(result, dict):
+        return one_line(result)
+    loss = result.get("loss")
+    loss = float(loss) if isinstance(loss, (int, float)) or (isinstance(loss, torch.Tensor) and loss.numel() == 1) \
+        else one_line(loss)
+    sizes = result.get("group_sizes")
+    return {"loss": loss, "steps": one_line(result.get("steps")),
+            "group_sizes": [int(s) for s in sizes] if isinstance(sizes, (list, tuple)) and all(
+                isinstance(s, (int, torch.Tensor)) for s in sizes) else one_line(sizes)}
+
+
+def _trained(ns: dict[str, Any], weighted: bool) -> dict[str, Any]:
+    """The learner's epoch: optimizer steps taken, what it returned, and the weights afterwards."""
+    if weighted:
+        fn = need(ns, "train_accumulated_weighted",
+                  "define `train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4)`")
+        data, extra = _data(37, padded=False), (_WEIGHTS.clone(),)  # micro-batches 5,5,5 | 5,5,5 | 5,2
+    else:
+        fn = need(ns, "train_accumulated",
+                  "define `train_accumulated(model, loader, optimizer, device, microbatches=4)`")
+        data, extra = _data(), ()
     model = _model()
     opt = _CountingSGD(model.parameters(), lr=LR)
-    result = fn(model, _loader(data), opt, torch.device("cpu"), microbatches=ACCUM)
+    result = call(fn, model, _loader(data), opt, torch.device("cpu"), *extra, microbatches=ACCUM)
+    return {"steps_taken": opt.steps_taken, "result": _as_result(result),
+            "weights": [p.detach() for p in model.parameters()]}
+
+
+_WEIGHTS = torch.tensor([0.2, 1.0, 3.5])
+
+
+@check_for("07", "groups of 15/15/11: one step each", points=1)
+def group_sizes(ns: dict[str, Any]) -> None:
+    seen = observe(ns, _trained, False)
+    data = _data()
     expected = reference_train_accumulated(_model(), _loader(data), torch.optim.SGD(_model().parameters(), lr=LR), "cpu", ACCUM)
-    if opt.steps_taken != expected["steps"]:
+    if seen["steps_taken"] != expected["steps"]:
         raise CheckFailed(
             f"{N} samples in micro-batches of {MICRO} with microbatches={ACCUM} make {expected['steps']} groups, "
             "so optimizer.step() should run once per group, including the short last one",
             hint="step (and zero the gradients) only at group boundaries, and once more after the loop if a partial "
             "group is left",
             expected=expected["steps"],
-            got=opt.steps_taken,
+            got=seen["steps_taken"],
         )
-    if not isinstance(result, dict) or result.get("group_sizes") != expected["group_sizes"] or result.get("steps") != expected["steps"]:
+    result = seen["result"]
+    if not isinstance(result, dict) or result.get("group_sizes") != expected["group_sizes"] or \
+            result.get("steps") != repr(expected["steps"]):
         raise CheckFailed(
-            "train_accumulated should return {'loss': ..., 'steps': ..., 'group_sizes': [samples per step]}",
-            hint="count the samples of each group (targets != -100) as you go",
+            "train_accumulated should return {'loss': ..., 'steps': ..., 'group_sizes': [targets per step]}",
+            hint="count the real targets of each group (targets != -100: padding is not a sample) as you go",
             expected={"steps": expected["steps"], "group_sizes": expected["group_sizes"]},
             got=result if not isinstance(result, dict) else {k: result.get(k) for k in ("steps", "group_sizes")},
         )
@@ -108,20 +156,18 @@ def group_sizes(ns: dict[str, Any]) -> None:
 
 @check_for("07", "each step equals one big batch", points=2)
 def equals_big_batch(ns: dict[str, Any]) -> None:
-    fn = need(ns, "train_accumulated", "define `train_accumulated(model, loader, optimizer, device, microbatches=4)`")
+    seen = observe(ns, _trained, False)
     data = _data()
-    model = _model()
-    fn(model, _loader(data), torch.optim.SGD(model.parameters(), lr=LR), torch.device("cpu"), microbatches=ACCUM)
-    truth = _big_batch_run(data, MICRO * ACCUM, F.cross_entropy)
-    diff = _max_diff(model, truth)
+    truth, loss = _big_batch_run(data, MICRO * ACCUM, F.cross_entropy)
+    diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
-        naive = _max_diff(model, _naive_run(data)) < 1e-6
+        naive = _max_diff(seen["weights"], _naive_run(data)) < 1e-6
         hint = (
             "you divide each micro-batch mean by the number of micro-batches: the last group (11 samples, its last "
-            "micro-batch only 1) is over-weighted. Sum the per-sample losses and divide by the samples in the group"
+            "micro-batch only 1) is over-weighted. Sum the per-sample losses and divide by the targets in the group"
             if naive
-            else "use cross_entropy(..., reduction='sum') / (samples in the whole group) for every micro-batch, and "
-            "zero the gradients only after each optimizer step"
+            else "use cross_entropy(..., reduction='sum') / (real targets in the whole group: y != -100) for every "
+            "micro-batch, and zero the gradients only after each optimizer step"
         )
         raise CheckFailed(
             "after one epoch the weights differ from training with one big batch per group",
@@ -129,29 +175,32 @@ def equals_big_batch(ns: dict[str, Any]) -> None:
             expected="max |weight difference| < 1e-5",
             got=f"{diff:.3g}",
         )
+    _check_loss(seen["result"], loss, "the summed per-target losses over the number of real targets")
+
+
+def _check_loss(result: Any, expected: float, what: str) -> None:
+    got = result.get("loss") if isinstance(result, dict) else result
+    if not isinstance(got, float) or abs(got - expected) > 1e-5 * max(1.0, abs(expected)):
+        raise CheckFailed(
+            "the returned 'loss' is not the epoch's mean loss", hint=f"report {what} (each taken before its step)",
+            expected=expected, got=got)
 
 
 @check_for("07", "class-weighted: divide by the summed weights", points=2)
 def weighted(ns: dict[str, Any]) -> None:
-    fn = need(
-        ns,
-        "train_accumulated_weighted",
-        "define `train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4)`",
-    )
-    weights = torch.tensor([0.2, 1.0, 3.5])
-    data = _data(37)  # micro-batches 5,5,5 | 5,5,5 | 5,2 -> groups of 15, 15, 7
-    model = _model()
-    fn(model, _loader(data), torch.optim.SGD(model.parameters(), lr=LR), torch.device("cpu"), weights, microbatches=ACCUM)
-    truth = _big_batch_run(data, MICRO * ACCUM, lambda out, y: F.cross_entropy(out, y, weight=weights))
-    diff = _max_diff(model, truth)
+    seen = observe(ns, _trained, True)
+    weights = _WEIGHTS
+    data = _data(37, padded=False)
+    truth, loss = _big_batch_run(data, MICRO * ACCUM, lambda out, y: F.cross_entropy(out, y, weight=weights), weights)
+    diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
-        by_count = _big_batch_run(
+        by_count, _ = _big_batch_run(
             data, MICRO * ACCUM, lambda out, y: F.cross_entropy(out, y, weight=weights, reduction="sum") / len(y)
         )
         hint = (
             "you divide by the number of samples; a weighted mean divides by the sum of the weights of the selected "
             "samples: class_weights[y].sum() over the group"
-            if _max_diff(model, by_count) < 1e-6
+            if _max_diff(seen["weights"], by_count) < 1e-6
             else "per micro-batch use cross_entropy(out, y, weight=class_weights, reduction='sum') and divide by "
             "class_weights[y] summed over the whole group"
         )
@@ -161,3 +210,4 @@ def weighted(ns: dict[str, Any]) -> None:
             expected="max |weight difference| < 1e-5",
             got=f"{diff:.3g}",
         )
+    _check_loss(seen["result"], loss, "the summed weighted losses over the summed weights of the targets")

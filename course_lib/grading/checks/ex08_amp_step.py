@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
 
 SCALE = 4096.0
 MAX_NORM = 0.05  # small, so clipping is active and its placement matters
@@ -53,49 +53,74 @@ def _reference_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) 
     return model, norm
 
 
-def _run(ns: dict[str, Any], scaler: torch.amp.GradScaler, amp_dtype: torch.dtype | None) -> tuple[_Probe, dict[str, Any], _Probe]:
+def _run(ns: dict[str, Any], amp_dtype: str | None, scaler_kwargs: dict[str, Any], big_input: bool = False) -> dict[str, Any]:
+    """One learner step on a fresh probe model: what it returned, the weights, autocast states, the scale after."""
     step = need(ns, "amp_step", "define `amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm)`")
+    scaler = torch.amp.GradScaler("cpu", **scaler_kwargs)
     model = _Probe()
-    start = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    result = step(model, _batch(), opt, scaler, torch.device("cpu"), amp_dtype, MAX_NORM)
-    if not isinstance(result, dict) or not {"loss", "grad_norm"} <= set(result):
-        raise CheckFailed("amp_step should return {'loss': float, 'grad_norm': float}", got=result)
-    return model, result, start
+    dtype = getattr(torch, amp_dtype) if amp_dtype else None
+    x, y = _batch()
+    result = call(step, model, (x * 1e30 if big_input else x, y), opt, scaler, torch.device("cpu"), dtype, MAX_NORM)
+    if isinstance(result, dict) and {"loss", "grad_norm"} <= set(result):
+        shown: Any = {k: float(result[k]) if isinstance(result[k], (int, float, torch.Tensor)) else one_line(result[k])
+                      for k in ("loss", "grad_norm")}
+    else:
+        shown = one_line(result)
+    return {"result": shown, "weights": [p.detach() for p in model.parameters()],
+            "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+            "autocast": [[on, str(dt)] for on, dt in model.autocast], "scale": float(scaler.get_scale())}
 
 
-def _max_diff(a: nn.Module, b: nn.Module) -> float:
-    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+def _result(seen: dict[str, Any]) -> dict[str, float]:
+    if not isinstance(seen["result"], dict) or not all(isinstance(v, float) for v in seen["result"].values()):
+        raise CheckFailed("amp_step should return {'loss': float, 'grad_norm': float}", got=seen["result"])
+    return seen["result"]
+
+
+def _max_diff(a: Any, b: nn.Module) -> float:
+    params = list(a.parameters()) if isinstance(a, nn.Module) else list(a)
+    return max((p - q).abs().max().item() for p, q in zip(params, b.parameters()))
+
+
+def _scalers(ns: dict[str, Any]) -> list[dict[str, Any]]:
+    make = need(ns, "make_scaler", "define `make_scaler(device, amp_dtype)` returning a torch.amp.GradScaler")
+    out = []
+    for dtype in (torch.float16, torch.bfloat16, None):
+        scaler = call(make, torch.device("cpu"), dtype)
+        kind = f"{type(scaler).__module__}.{type(scaler).__qualname__}"
+        out.append({"type": kind, "is_grad_scaler": isinstance(scaler, torch.amp.GradScaler),
+                    "enabled": bool(scaler.is_enabled()) if isinstance(scaler, torch.amp.GradScaler) else None})
+    return out
 
 
 @check_for("08", "scaler enabled only for fp16", points=1)
 def scaler_choice(ns: dict[str, Any]) -> None:
-    make = need(ns, "make_scaler", "define `make_scaler(device, amp_dtype)` returning a torch.amp.GradScaler")
-    cpu = torch.device("cpu")
-    for dtype, want in ((torch.float16, True), (torch.bfloat16, False), (None, False)):
-        scaler = make(cpu, dtype)
-        if not isinstance(scaler, torch.amp.GradScaler):
+    for (dtype, want), seen in zip(((torch.float16, True), (torch.bfloat16, False), (None, False)),
+                                   observe(ns, _scalers)):
+        if seen["type"].startswith("torch.cuda.amp"):
             raise CheckFailed(
-                "make_scaler should return torch.amp.GradScaler (torch.cuda.amp.GradScaler is the outdated spelling)",
-                hint="torch.amp.GradScaler(device.type, enabled=...)",
-                got=type(scaler).__module__ + "." + type(scaler).__name__,
-            )
-        if scaler.is_enabled() != want:
+                f"make_scaler built {seen['type']}, the outdated CUDA-only spelling: on a machine without a CUDA GPU "
+                "it is always disabled, so fp16 gradients would underflow",
+                hint="torch.amp.GradScaler(device.type, enabled=...)", expected="torch.amp.GradScaler", got=seen["type"])
+        if not seen["is_grad_scaler"]:
+            raise CheckFailed("make_scaler should return torch.amp.GradScaler",
+                              hint="torch.amp.GradScaler(device.type, enabled=...)", got=seen["type"])
+        if seen["enabled"] != want:
             raise CheckFailed(
                 f"for amp_dtype={dtype} the scaler should be {'enabled' if want else 'disabled'}: only fp16 has "
                 "the narrow exponent range that makes small gradients underflow; bf16 and fp32 do not need scaling",
                 hint="enabled=(amp_dtype == torch.float16)",
                 expected=want,
-                got=scaler.is_enabled(),
+                got=seen["enabled"],
             )
 
 
 @check_for("08", "grad norm measured after unscale_", points=2)
 def norm_after_unscale(ns: dict[str, Any]) -> None:
-    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=1)
-    model, result, start = _run(ns, scaler, None)
-    _, norm = _reference_step(start, _batch())
-    got = float(result["grad_norm"])
+    seen = observe(ns, _run, None, {"init_scale": SCALE, "growth_interval": 1})
+    _, norm = _reference_step(_Probe(), _batch())
+    got = _result(seen)["grad_norm"]
     if not math.isclose(got, norm, rel_tol=1e-4):
         hint = (
             f"the norm is {SCALE:.0f}x too large: it was measured on scaled gradients. Call scaler.unscale_(optimizer) "
@@ -106,16 +131,20 @@ def norm_after_unscale(ns: dict[str, Any]) -> None:
         raise CheckFailed(
             "grad_norm is not the norm of the true (unscaled) gradients", hint=hint, expected=norm, got=got
         )
+    with torch.no_grad():
+        loss = float(F.cross_entropy(_Probe()(_batch()[0]), _batch()[1]))
+    if not math.isclose(_result(seen)["loss"], loss, rel_tol=1e-4):
+        raise CheckFailed("the returned loss should be the (unscaled) loss of this batch",
+                          hint="return loss.item(), not the scaled loss", expected=loss, got=_result(seen)["loss"])
 
 
 @check_for("08", "clip, step, update in order", points=2)
 def params_updated(ns: dict[str, Any]) -> None:
-    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=1)
-    model, _, start = _run(ns, scaler, None)
-    truth, _ = _reference_step(start, _batch())
-    diff = _max_diff(model, truth)
+    seen = observe(ns, _run, None, {"init_scale": SCALE, "growth_interval": 1})
+    truth, _ = _reference_step(_Probe(), _batch())
+    diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
-        unchanged = _max_diff(model, start) == 0
+        unchanged = _max_diff(seen["weights"], _Probe()) == 0
         raise CheckFailed(
             "the weights after the step differ from: unscale -> clip to max_norm -> step",
             hint="call scaler.step(optimizer) (not before zero_grad)" if unchanged else
@@ -123,29 +152,44 @@ def params_updated(ns: dict[str, Any]) -> None:
             expected="max |weight difference| < 1e-5",
             got=f"{diff:.3g}",
         )
-    if scaler.get_scale() != SCALE * 2:
+    if seen["scale"] != SCALE * 2:
         raise CheckFailed(
             "scaler.update() was not called after the step (it adjusts the scale for the next step)",
             hint="end the step with scaler.update()",
             expected=SCALE * 2,
-            got=scaler.get_scale(),
+            got=seen["scale"],
         )
+
+
+@check_for("08", "an overflowing step is skipped", points=1)
+def overflow_skipped(ns: dict[str, Any]) -> None:
+    # Huge inputs and a huge scale: the scaled gradients overflow to inf, as fp16 ones do now and then.
+    seen = observe(ns, _run, None, {"init_scale": 2.0**100, "growth_interval": 1}, True)
+    changed = _max_diff(seen["weights"], _Probe())
+    if not changed == 0:
+        raise CheckFailed(
+            "after a step whose gradients overflowed (inf), the weights changed (to nan/inf): the step must be skipped",
+            hint="call scaler.step(optimizer), not optimizer.step(): it skips the update when unscale_ found inf/nan",
+            expected="weights unchanged", got=f"max |change| {changed:.3g}")
+    if seen["scale"] != 2.0**99:
+        raise CheckFailed("after an overflow scaler.update() should halve the scale", hint="end with scaler.update()",
+                          expected=2.0**99, got=seen["scale"])
 
 
 @check_for("08", "works with the scaler disabled (bf16 on the CPU)", points=1)
 def bf16_without_scaler(ns: dict[str, Any]) -> None:
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    model, result, start = _run(ns, scaler, torch.bfloat16)
-    if not model.autocast or not all(on and dtype == torch.bfloat16 for on, dtype in model.autocast):
+    seen = observe(ns, _run, "bfloat16", {"enabled": False})
+    if not seen["autocast"] or not all(on and dtype == "torch.bfloat16" for on, dtype in seen["autocast"]):
         raise CheckFailed(
             "the forward pass did not run under autocast to bfloat16",
             hint="with torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=amp_dtype is not None):",
-            expected=[(True, torch.bfloat16)],
-            got=model.autocast,
+            expected=[[True, "torch.bfloat16"]],
+            got=seen["autocast"],
         )
-    if not math.isfinite(float(result["loss"])) or not math.isfinite(float(result["grad_norm"])):
+    result = _result(seen)
+    if not math.isfinite(result["loss"]) or not math.isfinite(result["grad_norm"]):
         raise CheckFailed("loss or grad_norm is not finite with bf16 autocast", got=result)
-    if _max_diff(model, start) == 0:
+    if _max_diff(seen["weights"], _Probe()) == 0:
         raise CheckFailed(
             "the weights did not change: with a disabled scaler, scaler.step(optimizer) simply calls optimizer.step()",
             hint="keep the same scale -> backward -> unscale_ -> clip -> step -> update sequence; disabled, each is a no-op "
@@ -155,20 +199,18 @@ def bf16_without_scaler(ns: dict[str, Any]) -> None:
 
 @check_for("08", "the model stays fp32 (no .half())", points=1)
 def stays_fp32(ns: dict[str, Any]) -> None:
-    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
-    model, _, _ = _run(ns, scaler, torch.float16)
-    dtypes = sorted({str(p.dtype) for p in model.parameters()})
-    if dtypes != ["torch.float32"]:
+    seen = observe(ns, _run, "float16", {"init_scale": SCALE})
+    if seen["dtypes"] != ["torch.float32"]:
         raise CheckFailed(
             "the model's weights were converted: autocast chooses a precision per operation and keeps the weights "
             "(and the optimizer's update) in fp32",
             hint="never call model.half() or .to(torch.float16) with autocast",
             expected=["torch.float32"],
-            got=dtypes,
+            got=seen["dtypes"],
         )
-    if not model.autocast or not all(on and dtype == torch.float16 for on, dtype in model.autocast):
+    if not seen["autocast"] or not all(on and dtype == "torch.float16" for on, dtype in seen["autocast"]):
         raise CheckFailed(
             "with amp_dtype=torch.float16 the forward pass should run under autocast to float16",
-            expected=[(True, torch.float16)],
-            got=model.autocast,
+            expected=[[True, "torch.float16"]],
+            got=seen["autocast"],
         )

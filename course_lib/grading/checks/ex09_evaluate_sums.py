@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
 from course_lib.train.evaluate import evaluate as reference_evaluate
 
 IGNORE = -100
@@ -58,17 +58,27 @@ def _mean_of_batch_means(model: _Recorder, x: torch.Tensor, y: torch.Tensor, bat
     return sum(means) / len(means)
 
 
-def _evaluate(ns: dict[str, Any], model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) -> dict[str, float]:
+def _evaluate(ns: dict[str, Any], n: int, ignored: int, batch: int, start_training: bool = False) -> dict[str, Any]:
+    """The learner's evaluate on a fresh recorder: its result, how the model was called, its mode afterwards."""
     evaluate = need(ns, "evaluate", "define `evaluate(model, loader, device)` returning {'loss': ..., 'acc': ...}")
+    model = _Recorder()
+    model.train(start_training)
+    x, y = _data(n, ignored)
     loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=False)
-    result = evaluate(model, loader, torch.device("cpu"))
-    if not isinstance(result, dict) or not {"loss", "acc"} <= set(result):
-        raise CheckFailed(
-            "evaluate should return a dict with 'loss' and 'acc'",
-            expected="{'loss': float, 'acc': float}",
-            got=result,
-        )
-    return {"loss": float(result["loss"]), "acc": float(result["acc"])}
+    result = call(evaluate, model, loader, torch.device("cpu"))
+    if isinstance(result, dict) and {"loss", "acc"} <= set(result) and all(
+            isinstance(result[k], (int, float, torch.Tensor)) for k in ("loss", "acc")):
+        shown: Any = {"loss": float(result["loss"]), "acc": float(result["acc"])}
+    else:
+        shown = one_line(result)
+    return {"result": shown, "calls": [list(c) for c in model.calls], "training_after": model.training}
+
+
+def _result(seen: dict[str, Any]) -> dict[str, float]:
+    if not isinstance(seen["result"], dict):
+        raise CheckFailed("evaluate should return a dict with 'loss' and 'acc'",
+                          expected="{'loss': float, 'acc': float}", got=seen["result"])
+    return seen["result"]
 
 
 def _close(a: dict[str, float], b: dict[str, float]) -> bool:
@@ -77,9 +87,9 @@ def _close(a: dict[str, float], b: dict[str, float]) -> bool:
 
 @check_for("09", "uneven last batch: sums, not batch means", points=2)
 def uneven_last_batch(ns: dict[str, Any]) -> None:
+    got = _result(observe(ns, _evaluate, 23, 0, 10))
     model = _Recorder()
     x, y = _data(23)
-    got = _evaluate(ns, model, x, y, batch=10)
     expected = _truth(model, x, y)
     if not _close(got, expected):
         biased = _mean_of_batch_means(model, x, y, 10)
@@ -99,11 +109,10 @@ def uneven_last_batch(ns: dict[str, Any]) -> None:
 
 @check_for("09", "batch-size invariant, ignores -100", points=1)
 def invariant_and_ignored(ns: dict[str, Any]) -> None:
-    model = _Recorder()
     x, y = _data(17, ignored=5)
-    expected = _truth(model, x, y)
+    expected = _truth(_Recorder(), x, y)
     for batch in (1, 4, 17):
-        got = _evaluate(ns, model, x, y, batch=batch)
+        got = _result(observe(ns, _evaluate, 17, 5, batch))
         if not _close(got, expected):
             raise CheckFailed(
                 f"with 5 of 17 targets equal to -100 (padding) and batch_size={batch}, the result is not the average "
@@ -117,27 +126,26 @@ def invariant_and_ignored(ns: dict[str, Any]) -> None:
 
 @check_for("09", "eval mode + inference_mode, mode restored", points=1)
 def modes(ns: dict[str, Any]) -> None:
-    x, y = _data(9)
     for start_training in (True, False):
-        model = _Recorder()
-        model.train(start_training)
-        _evaluate(ns, model, x, y, batch=4)
-        if not model.calls:
+        seen = observe(ns, _evaluate, 9, 0, 4, start_training)
+        _result(seen)
+        if not seen["calls"]:
             raise CheckFailed("evaluate never called the model")
-        if any(grad for grad, _ in model.calls):
+        if any(grad for grad, _ in seen["calls"]):
             raise CheckFailed(
                 "the model ran with autograd on: evaluation stores activations for a backward that never comes",
-                hint="decorate evaluate with @torch.inference_mode() (or use it as a `with` block)",
+                hint="decorate evaluate with @torch.inference_mode() or torch.no_grad() (or use either as a `with` "
+                     "block)",
             )
-        if any(training for _, training in model.calls):
+        if any(training for _, training in seen["calls"]):
             raise CheckFailed(
                 "the model ran in training mode: dropout was active during evaluation",
                 hint="call model.eval() before the loop",
             )
-        if model.training != start_training:
+        if seen["training_after"] != start_training:
             raise CheckFailed(
                 "evaluate should leave the model in the mode it found it in",
                 hint="remember `was_training = model.training` and call model.train(was_training) at the end",
                 expected="training" if start_training else "eval",
-                got="training" if model.training else "eval",
+                got="training" if seen["training_after"] else "eval",
             )

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import course_lib.device
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
 from course_lib.perf.memory import count_parameters
 from course_lib.perf.memory import stored_bytes as reference_stored_bytes
 
@@ -35,11 +35,17 @@ def _memory_model() -> nn.Module:
     return model
 
 
+def _counted(ns: dict[str, Any], name: str) -> Any:
+    fn = need(ns, name, f"define `{name}(model) -> int`")
+    torch.manual_seed(0)
+    got = call(fn, _memory_model())
+    return int(got) if isinstance(got, int) else one_line(got)
+
+
 @check_for("10", "trainable parameter count", points=1)
 def trainable(ns: dict[str, Any]) -> None:
-    count = need(ns, "count_trainable", "define `count_trainable(model) -> int`")
     model = _memory_model()
-    expected, got = count_parameters(model, trainable_only=True), count(model)
+    expected, got = count_parameters(model, trainable_only=True), observe(ns, _counted, "count_trainable")
     if got != expected:
         total = count_parameters(model, trainable_only=False)
         hint = (
@@ -52,9 +58,8 @@ def trainable(ns: dict[str, Any]) -> None:
 
 @check_for("10", "stored bytes of parameters + buffers", points=1)
 def stored(ns: dict[str, Any]) -> None:
-    fn = need(ns, "stored_bytes", "define `stored_bytes(model) -> int`")
     model = _memory_model()
-    expected, got = reference_stored_bytes(model), fn(model)
+    expected, got = reference_stored_bytes(model), observe(ns, _counted, "stored_bytes")
     if got != expected:
         params_only = sum(p.numel() * p.element_size() for p in model.parameters())
         if got == params_only:
@@ -86,10 +91,10 @@ class _SlowStart(nn.Module):
         self.lin = nn.Linear(4, 2)
         self.drop = nn.Dropout(0.5)
         self.clock, self.slow_calls, self.costs_ms = clock, slow_calls, costs_ms
-        self.calls: list[tuple[bool, bool]] = []  # (inference mode on, training flag) per call
+        self.calls: list[tuple[bool, bool]] = []  # (autograd off: inference_mode or no_grad, training flag) per call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls.append((torch.is_inference_mode_enabled(), self.training))
+        self.calls.append((not torch.is_grad_enabled(), self.training))
         n = len(self.calls)
         cost = 500.0 if n <= self.slow_calls else self.costs_ms[(n - self.slow_calls - 1) % len(self.costs_ms)]
         self.clock.now += cost / 1000.0
@@ -97,12 +102,14 @@ class _SlowStart(nn.Module):
         return self.drop(self.lin(x))
 
 
-def _run_latency(ns: dict[str, Any], warmup: int, costs_ms: list[float]) -> tuple[dict[str, Any], _SlowStart, list[str]]:
+def _run_latency(ns: dict[str, Any], warmup: int, costs_ms: list[float]) -> dict[str, Any]:
+    """The learner's report, the model's calls and the event log (timer reads, model calls, syncs)."""
     measure = need(
         ns, "measure_latency", "define `measure_latency(model, example, device, *, warmup, reps, timer)` returning a dict"
     )
     log: list[str] = []
     clock = _FakeClock(log)
+    torch.manual_seed(0)
     model = _SlowStart(clock, slow_calls=warmup, costs_ms=costs_ms)
     model.train()  # the learner's function must switch to eval itself
 
@@ -114,28 +121,46 @@ def _run_latency(ns: dict[str, Any], warmup: int, costs_ms: list[float]) -> tupl
     ns["synchronize"] = logged_sync
     course_lib.device.synchronize = logged_sync  # type: ignore[assignment]
     try:
-        report = measure(model, torch.randn(3, 4), torch.device("cpu"), warmup=warmup, reps=len(costs_ms), timer=clock)
+        report = call(measure, model, torch.randn(3, 4), torch.device("cpu"), warmup=warmup, reps=len(costs_ms),
+                      timer=clock)
     finally:
         course_lib.device.synchronize = saved_mod  # type: ignore[assignment]
         if saved_ns is None:
             ns.pop("synchronize", None)
         else:
             ns["synchronize"] = saved_ns
-    if not isinstance(report, dict):
-        raise CheckFailed("measure_latency should return a dict (the report)", expected=REPORT_KEYS, got=type(report).__name__)
-    return report, model, log
+    if isinstance(report, dict):
+        shown: Any = {str(k): _plain(v) for k, v in report.items()}
+    else:
+        shown = one_line(report)
+    return {"report": shown, "calls": [list(c) for c in model.calls], "log": log}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (tuple, list, torch.Size)) and all(isinstance(v, int) for v in value):
+        return list(value)
+    return str(value)
+
+
+def _report(seen: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(seen["report"], dict):
+        raise CheckFailed("measure_latency should return a dict (the report)", expected=REPORT_KEYS, got=seen["report"])
+    return seen["report"]
 
 
 @check_for("10", "warm-up excluded, median of repetitions", points=2)
 def latency_median(ns: dict[str, Any]) -> None:
     costs = [2.0, 7.0, 3.0, 40.0, 5.0]  # ms per timed call; median 5, mean 11.4
-    report, model, _ = _run_latency(ns, warmup=3, costs_ms=costs)
-    if len(model.calls) != 3 + len(costs):
+    seen = observe(ns, _run_latency, 3, costs)
+    report = _report(seen)
+    if len(seen["calls"]) != 3 + len(costs):
         raise CheckFailed(
             "the model should run warmup + reps times in total",
             hint="run `warmup` untimed calls, then time `reps` calls one by one",
             expected=3 + len(costs),
-            got=len(model.calls),
+            got=len(seen["calls"]),
         )
     got = report.get("median_ms")
     expected = statistics.median(costs)
@@ -156,13 +181,15 @@ def latency_median(ns: dict[str, Any]) -> None:
 
 @check_for("10", "eval mode, inference_mode, synchronised", points=1)
 def latency_conditions(ns: dict[str, Any]) -> None:
-    report, model, log = _run_latency(ns, warmup=2, costs_ms=[1.0, 2.0, 3.0])
-    if not model.calls or not all(inference for inference, _ in model.calls):
+    seen = observe(ns, _run_latency, 2, [1.0, 2.0, 3.0])
+    _report(seen)
+    calls, log = seen["calls"], seen["log"]
+    if not calls or not all(no_grad for no_grad, _ in calls):
         raise CheckFailed(
             "every forward call should run under torch.inference_mode() (no autograd bookkeeping)",
             hint="wrap the warm-up and the timed loop in `with torch.inference_mode():`",
         )
-    if any(training for _, training in model.calls):
+    if any(training for _, training in calls):
         raise CheckFailed(
             "the model was timed in training mode (dropout active, BatchNorm updating)",
             hint="call model.eval() before measuring",
@@ -186,7 +213,7 @@ def latency_conditions(ns: dict[str, Any]) -> None:
 
 @check_for("10", "the report says what was measured", points=1)
 def latency_report(ns: dict[str, Any]) -> None:
-    report, _, _ = _run_latency(ns, warmup=1, costs_ms=[1.0, 1.0])
+    report = _report(observe(ns, _run_latency, 1, [1.0, 1.0]))
     missing = [k for k in REPORT_KEYS if k not in report]
     if missing:
         raise CheckFailed(
@@ -198,7 +225,7 @@ def latency_report(ns: dict[str, Any]) -> None:
     wrong = {
         k: report[k]
         for k, want in (("batch", 3), ("warmup", 1), ("reps", 2), ("shape", (3, 4)))
-        if (tuple(report[k]) if k == "shape" and isinstance(report[k], (list, tuple, torch.Size)) else report[k]) != want
+        if (tuple(report[k]) if k == "shape" and isinstance(report[k], list) else report[k]) != want
     }
     if "cpu" not in str(report["device"]):
         wrong["device"] = report["device"]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
 
 MONITOR = "val_loss"
 
@@ -28,81 +28,122 @@ def _module(ns: dict[str, Any], lr: float = 0.0123) -> Any:
     return cls(lr=lr)
 
 
+def _describe_scheduler(scheduler: Any, optimizer: Any) -> dict[str, Any]:
+    plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    return {"type": type(scheduler).__name__, "plateau": plateau,
+            "mode": getattr(scheduler, "mode", None) if plateau else None,
+            "same_optimizer": plateau and scheduler.optimizer is optimizer}
+
+
+def _configured(ns: dict[str, Any]) -> dict[str, Any]:
+    """configure_optimizers' return value, described as data (Lightning's dict forms)."""
+    config = call(_module(ns).configure_optimizers)
+    if not isinstance(config, dict):
+        return {"form": type(config).__name__}
+    opt = config.get("optimizer")
+    out: dict[str, Any] = {"form": "dict", "keys": sorted(map(str, config)),
+                           "optimizer": {"is_optimizer": isinstance(opt, torch.optim.Optimizer),
+                                         "lr": float(opt.param_groups[0]["lr"]) if isinstance(
+                                             opt, torch.optim.Optimizer) else None, "shown": one_line(opt)},
+                           "monitor": one_line(config["monitor"]) if "monitor" in config else None}
+    sched = config.get("lr_scheduler")
+    if isinstance(sched, dict):
+        out["lr_scheduler"] = {"form": "dict", **_describe_scheduler(sched.get("scheduler"), opt),
+                               **{k: one_line(sched[k]) for k in ("monitor", "interval", "frequency") if k in sched}}
+    else:
+        out["lr_scheduler"] = {"form": "scheduler", **_describe_scheduler(sched, opt)}
+    return out
+
+
 @check_for("12", "plateau scheduler dict", points=2)
 def plateau_dict(ns: dict[str, Any]) -> None:
-    module = _module(ns)
-    config = module.configure_optimizers()
-    if not isinstance(config, dict) or "optimizer" not in config or "lr_scheduler" not in config:
+    config = observe(ns, _configured)
+    if config["form"] != "dict" or "optimizer" not in config["keys"] or "lr_scheduler" not in config["keys"]:
         raise CheckFailed(
             "configure_optimizers should return a dict with 'optimizer' and 'lr_scheduler': a plateau scheduler "
             "needs to know which metric to watch, and only the dict form can say so",
             hint="return {'optimizer': opt, 'lr_scheduler': {'scheduler': ..., 'monitor': 'val_loss', ...}}",
-            got=type(config).__name__ if not isinstance(config, dict) else sorted(config),
+            got=config["form"] if config["form"] != "dict" else config["keys"],
         )
     opt, sched = config["optimizer"], config["lr_scheduler"]
-    if not isinstance(opt, torch.optim.Optimizer) or abs(opt.param_groups[0]["lr"] - 0.0123) > 1e-12:
+    if not opt["is_optimizer"] or abs(opt["lr"] - 0.0123) > 1e-12:
         raise CheckFailed(
             "the optimizer should train this module's parameters at the module's learning rate (self.hparams.lr)",
             expected="an Optimizer with lr=0.0123",
-            got=opt,
+            got=opt["shown"],
         )
-    want = {"monitor": MONITOR, "interval": "epoch", "frequency": 1}
-    if not isinstance(sched, dict):
-        raise CheckFailed("'lr_scheduler' should itself be a dict (scheduler, monitor, interval, frequency)", got=sched)
-    got = {k: sched.get(k) for k in want}
-    scheduler = sched.get("scheduler")
-    if not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) or got != want:
+    # Lightning's two spellings: {"lr_scheduler": {"scheduler": s, "monitor": ...}} or the flat
+    # {"lr_scheduler": s, "monitor": ...}; interval and frequency default to "epoch" and 1.
+    monitor = sched.get("monitor") if sched["form"] == "dict" else config["monitor"]
+    got = {"monitor": monitor, "interval": sched.get("interval", repr("epoch")),
+           "frequency": sched.get("frequency", repr(1))}
+    want = {"monitor": repr(MONITOR), "interval": repr("epoch"), "frequency": repr(1)}
+    if not sched["plateau"] or got != want:
         raise CheckFailed(
-            "the scheduler entry should be a ReduceLROnPlateau watching val_loss once per epoch",
-            hint="{'scheduler': ReduceLROnPlateau(opt, mode='min', ...), 'monitor': 'val_loss', 'interval': 'epoch', "
-            "'frequency': 1}",
+            "the scheduler should be a ReduceLROnPlateau watching val_loss once per epoch",
+            hint="{'optimizer': opt, 'lr_scheduler': {'scheduler': ReduceLROnPlateau(opt, mode='min'), "
+            "'monitor': 'val_loss'}} (interval 'epoch' and frequency 1 are the defaults)",
             expected={"scheduler": "ReduceLROnPlateau", **want},
-            got={"scheduler": type(scheduler).__name__, **got},
+            got={"scheduler": sched["type"], **got},
         )
-    if scheduler.optimizer is not opt or scheduler.mode != "min":
+    if not sched["same_optimizer"] or sched["mode"] != "min":
         raise CheckFailed(
             "the plateau scheduler should drive the returned optimizer and treat lower val_loss as better",
             expected={"same optimizer": True, "mode": "min"},
-            got={"same optimizer": scheduler.optimizer is opt, "mode": scheduler.mode},
+            got={"same optimizer": sched["same_optimizer"], "mode": sched["mode"]},
         )
 
 
-@check_for("12", "EarlyStopping and ModelCheckpoint settings", points=2)
-def callbacks(ns: dict[str, Any]) -> None:
+def _callbacks(ns: dict[str, Any]) -> Any:
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     make = need(ns, "make_callbacks", "define `make_callbacks(dirpath, patience=3, min_delta=1e-3)` returning a list")
     with tempfile.TemporaryDirectory() as tmp:
-        cbs = make(tmp, patience=5, min_delta=0.02)
-        stops = [c for c in cbs if isinstance(c, EarlyStopping)]
-        ckpts = [c for c in cbs if isinstance(c, ModelCheckpoint)]
-        if len(stops) != 1 or len(ckpts) != 1:
-            raise CheckFailed(
-                "make_callbacks should return one EarlyStopping and one ModelCheckpoint",
-                got=[type(c).__name__ for c in cbs],
-            )
-        es, mc = stops[0], ckpts[0]
-        got_es = {"monitor": es.monitor, "mode": es.mode, "patience": es.patience, "min_delta": abs(es.min_delta)}
-        want_es = {"monitor": MONITOR, "mode": "min", "patience": 5, "min_delta": 0.02}
-        if got_es["monitor"] != want_es["monitor"] or got_es["mode"] != "min" or got_es["patience"] != 5 or abs(
-            got_es["min_delta"] - 0.02
-        ) > 1e-12:
-            raise CheckFailed(
-                "EarlyStopping should watch val_loss (lower is better) with the patience and min_delta passed in",
-                hint="min_delta is the smallest change that counts as an improvement; stopping_threshold is a different "
-                "thing (stop once a target value is reached)",
-                expected=want_es,
-                got=got_es,
-            )
-        got_mc = {"monitor": mc.monitor, "mode": mc.mode, "save_top_k": mc.save_top_k}
-        want_mc = {"monitor": MONITOR, "mode": "min", "save_top_k": 1}
-        if got_mc != want_mc:
-            raise CheckFailed(
-                "ModelCheckpoint should keep the single best checkpoint by val_loss",
-                hint="ModelCheckpoint(dirpath=dirpath, monitor='val_loss', mode='min', save_top_k=1)",
-                expected=want_mc,
-                got=got_mc,
-            )
+        cbs = call(make, tmp, patience=5, min_delta=0.02)
+    if not isinstance(cbs, (list, tuple)):
+        return one_line(cbs)
+    out = []
+    for c in cbs:
+        if isinstance(c, EarlyStopping):
+            out.append({"kind": "EarlyStopping", "monitor": c.monitor, "mode": c.mode, "patience": c.patience,
+                        "min_delta": abs(float(c.min_delta))})
+        elif isinstance(c, ModelCheckpoint):
+            out.append({"kind": "ModelCheckpoint", "monitor": c.monitor, "mode": c.mode, "save_top_k": c.save_top_k})
+        else:
+            out.append({"kind": type(c).__name__})
+    return out
+
+
+@check_for("12", "EarlyStopping and ModelCheckpoint settings", points=2)
+def callbacks(ns: dict[str, Any]) -> None:
+    cbs = observe(ns, _callbacks)
+    kinds = [c["kind"] for c in cbs] if isinstance(cbs, list) else cbs
+    stops = [c for c in cbs if c["kind"] == "EarlyStopping"] if isinstance(cbs, list) else []
+    ckpts = [c for c in cbs if c["kind"] == "ModelCheckpoint"] if isinstance(cbs, list) else []
+    if len(stops) != 1 or len(ckpts) != 1:
+        raise CheckFailed("make_callbacks should return one EarlyStopping and one ModelCheckpoint", got=kinds)
+    es, mc = stops[0], ckpts[0]
+    got_es = {k: es[k] for k in ("monitor", "mode", "patience", "min_delta")}
+    want_es = {"monitor": MONITOR, "mode": "min", "patience": 5, "min_delta": 0.02}
+    if got_es["monitor"] != MONITOR or got_es["mode"] != "min" or got_es["patience"] != 5 or abs(
+        got_es["min_delta"] - 0.02
+    ) > 1e-12:
+        raise CheckFailed(
+            "EarlyStopping should watch val_loss (lower is better) with the patience and min_delta passed in",
+            hint="min_delta is the smallest change that counts as an improvement; stopping_threshold is a different "
+            "thing (stop once a target value is reached)",
+            expected=want_es,
+            got=got_es,
+        )
+    got_mc = {k: mc[k] for k in ("monitor", "mode", "save_top_k")}
+    want_mc = {"monitor": MONITOR, "mode": "min", "save_top_k": 1}
+    if got_mc != want_mc:
+        raise CheckFailed(
+            "ModelCheckpoint should keep the single best checkpoint by val_loss",
+            hint="ModelCheckpoint(dirpath=dirpath, monitor='val_loss', mode='min', save_top_k=1)",
+            expected=want_mc,
+            got=got_mc,
+        )
 
 
 def _loaders() -> tuple[DataLoader, DataLoader]:
@@ -114,23 +155,21 @@ def _loaders() -> tuple[DataLoader, DataLoader]:
     return train, val
 
 
-@check_for("12", "tiny fit; load_best restores the best checkpoint", points=2)
-def fit_and_load_best(ns: dict[str, Any]) -> None:
+def _fit(ns: dict[str, Any]) -> dict[str, Any]:
     make = need(ns, "make_callbacks", "define `make_callbacks(dirpath, patience=3, min_delta=1e-3)`")
     load_best = need(ns, "load_best", "define `load_best(trainer, cls)` returning a model loaded from the best checkpoint")
     module = _module(ns, lr=0.05)
-    cls = type(module)
     train, val = _loaders()
     quiet = logging.getLogger("lightning.pytorch")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # no "GPU available: ..." banner inside the check table
     try:
-        _fit_and_compare(module, cls, make, load_best, train, val)
+        return _fit_and_load(module, type(module), make, load_best, train, val)
     finally:
         quiet.setLevel(level)
 
 
-def _fit_and_compare(module: Any, cls: type, make: Any, load_best: Any, train: DataLoader, val: DataLoader) -> None:
+def _fit_and_load(module: Any, cls: type, make: Any, load_best: Any, train: DataLoader, val: DataLoader) -> dict[str, Any]:
     import lightning as L
 
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -145,32 +184,43 @@ def _fit_and_compare(module: Any, cls: type, make: Any, load_best: Any, train: D
             logger=False,
             enable_progress_bar=False,
             enable_model_summary=False,
-            callbacks=make(tmp),
+            callbacks=call(make, tmp),
             default_root_dir=tmp,
         )
         trainer.fit(module, train, val)
         best_path = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         if not best_path:
-            raise CheckFailed("no best checkpoint was written", hint="pass dirpath to ModelCheckpoint and monitor val_loss")
+            return {"best": None}
         best = torch.load(best_path, map_location="cpu", weights_only=False)["state_dict"]
         # What the trainer holds now is the *last* state; make it clearly different from the best one.
         with torch.no_grad():
             for p in trainer.lightning_module.parameters():
                 p.add_(1.0)
-        loaded = load_best(trainer, cls)
-        if not isinstance(loaded, cls):
-            raise CheckFailed(
-                f"load_best should return a new {cls.__name__} built from the checkpoint file",
-                hint="cls.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)",
-                got=type(loaded).__name__,
-            )
-        state = loaded.state_dict()
-        wrong = [k for k, v in best.items() if k not in state or not torch.equal(state[k].cpu(), v)]
-        if wrong:
-            raise CheckFailed(
-                "the returned model does not hold the best checkpoint's weights: stopping (or finishing) leaves the "
-                "trainer with the *last* weights, not the best",
-                hint="load from trainer.checkpoint_callback.best_model_path",
-                expected=f"weights of {best_path.rsplit('/', 1)[-1]}",
-                got=f"{len(wrong)} tensor(s) differ, e.g. {wrong[0]}",
-            )
+        loaded = call(load_best, trainer, cls)
+        return {"best": {k: v.cpu() for k, v in best.items()}, "best_name": best_path.rsplit("/", 1)[-1],
+                "loaded_type": type(loaded).__name__, "is_cls": isinstance(loaded, cls),
+                "loaded": {k: v.detach().cpu() for k, v in loaded.state_dict().items()} if isinstance(loaded, cls)
+                else None}
+
+
+@check_for("12", "tiny fit; load_best restores the best checkpoint", points=2)
+def fit_and_load_best(ns: dict[str, Any]) -> None:
+    seen = observe(ns, _fit)
+    if seen["best"] is None:
+        raise CheckFailed("no best checkpoint was written", hint="pass dirpath to ModelCheckpoint and monitor val_loss")
+    if not seen["is_cls"]:
+        raise CheckFailed(
+            "load_best should return a new LitClassifier built from the checkpoint file",
+            hint="cls.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)",
+            got=seen["loaded_type"],
+        )
+    best, state = seen["best"], seen["loaded"]
+    wrong = [k for k, v in best.items() if k not in state or not torch.equal(state[k], v)]
+    if wrong:
+        raise CheckFailed(
+            "the returned model does not hold the best checkpoint's weights: stopping (or finishing) leaves the "
+            "trainer with the *last* weights, not the best",
+            hint="load from trainer.checkpoint_callback.best_model_path",
+            expected=f"weights of {seen['best_name']}",
+            got=f"{len(wrong)} tensor(s) differ, e.g. {wrong[0]}",
+        )

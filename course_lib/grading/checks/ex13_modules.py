@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from course_lib.grading.api import CheckFailed, check_for, need
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
 
 SIZES = [5, 9, 7, 3]  # three Linear layers; the notebook shows other sizes
 HEADS = {"colour": 4, "shape": 6, "size": 2}
@@ -24,24 +24,47 @@ HEADS = {"colour": 4, "shape": 6, "size": 2}
 def _stack(ns: dict[str, Any], p: float = 0.0) -> nn.Module:
     cls = need(ns, "StackMLP", "define `class StackMLP(nn.Module)` taking `sizes` (a list of widths) and `p`")
     torch.manual_seed(0)
-    return cls(SIZES, p=p)
+    return call(cls, list(SIZES), p=p)
 
 
 def _multi(ns: dict[str, Any], p: float = 0.0) -> nn.Module:
     cls = need(ns, "MultiHead", "define `class MultiHead(nn.Module)` taking `d_in, d_hidden, heads, p`")
     torch.manual_seed(0)
-    return cls(6, 10, dict(HEADS), p=p)
+    return call(cls, 6, 10, dict(HEADS), p=p)
 
 
-def _linear_count(model: nn.Module) -> int:
-    return sum(isinstance(m, nn.Linear) for m in model.modules())
+def _x(batch: int, d_in: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(batch, d_in, generator=torch.Generator().manual_seed(batch * 100 + d_in), dtype=dtype)
+
+
+def _flat(out: Any) -> Any:
+    if isinstance(out, dict):
+        return {str(k): v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)}
+    return out.detach() if isinstance(out, torch.Tensor) else one_line(out)
+
+
+def _stack_seen(ns: dict[str, Any]) -> dict[str, Any]:
+    model = _stack(ns)
+    linears = [[m.weight.detach(), m.bias.detach() if m.bias is not None else None]
+               for m in model.modules() if isinstance(m, nn.Linear)]
+    return {"numel": sum(p.numel() for p in model.parameters()), "linears": linears,
+            "out": _flat(model.eval()(_x(4, SIZES[0])))}
+
+
+def _reference_forward(linears: list[list[torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
+    """Linear layers with ReLU between them and nothing after the last (dropout is off in eval mode)."""
+    for i, (weight, bias) in enumerate(linears):
+        x = torch.nn.functional.linear(x, weight, bias)
+        if i < len(linears) - 1:
+            x = torch.relu(x)
+    return x
 
 
 @check_for("13", "every layer is registered", points=1)
 def layers_registered(ns: dict[str, Any]) -> None:
-    model = _stack(ns)
+    seen = observe(ns, _stack_seen)
     expected = sum(a * b + b for a, b in zip(SIZES[:-1], SIZES[1:]))
-    got = sum(p.numel() for p in model.parameters())
+    got = seen["numel"]
     if got != expected:
         raise CheckFailed(
             f"StackMLP({SIZES}) should own {len(SIZES) - 1} Linear layers, but parameters() sees {got} numbers",
@@ -49,21 +72,67 @@ def layers_registered(ns: dict[str, Any]) -> None:
             expected=expected,
             got=got,
         )
-    x = torch.randn(4, SIZES[0])
-    out = model.eval()(x)
-    if tuple(out.shape) != (4, SIZES[-1]):
+    out = seen["out"]
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (4, SIZES[-1]):
         raise CheckFailed(
             "forward should map [batch, sizes[0]] to [batch, sizes[-1]]",
             hint="apply every layer in order (an activation between layers, none after the last)",
             expected=(4, SIZES[-1]),
-            got=tuple(out.shape),
+            got=tuple(out.shape) if isinstance(out, torch.Tensor) else out,
         )
+
+
+@check_for("13", "forward: ReLU between layers, none after the last", points=1)
+def forward_values(ns: dict[str, Any]) -> None:
+    seen = observe(ns, _stack_seen)
+    out, linears = seen["out"], seen["linears"]
+    shapes = [tuple(w.shape) for w, _ in linears]
+    if shapes != [(b, a) for a, b in zip(SIZES[:-1], SIZES[1:])] or not isinstance(out, torch.Tensor):
+        raise CheckFailed("StackMLP should hold one Linear per pair of consecutive sizes, in order",
+                          expected=[(b, a) for a, b in zip(SIZES[:-1], SIZES[1:])], got=shapes)
+    want = _reference_forward(linears, _x(4, SIZES[0]))
+    if out.shape != want.shape or not torch.allclose(out, want, atol=1e-5):
+        hint = ("the output has no negative numbers: a ReLU after the last layer cuts off the logits"
+                if (out >= 0).all() and (want < 0).any() else
+                "Linear, then ReLU (and dropout) between layers, and the last Linear's output returned as it is")
+        raise CheckFailed("in eval mode, StackMLP's output differs from Linear -> ReLU -> ... -> Linear",
+                          hint=hint, expected=want[0].tolist(), got=out[0].tolist())
+
+
+def _train_outputs(ns: dict[str, Any]) -> Any:
+    model = _stack(ns, p=0.5)
+    model.train()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        return _flat(model(_x(64, SIZES[0])))
+
+
+@check_for("13", "no dropout after the last layer", points=1)
+def no_final_dropout(ns: dict[str, Any]) -> None:
+    out = observe(ns, _train_outputs)
+    if not isinstance(out, torch.Tensor):
+        raise CheckFailed("StackMLP.forward should return a tensor", got=out)
+    zeros = float((out == 0).float().mean())
+    if zeros > 0.25:  # a Linear layer's output is practically never exactly 0; dropout(0.5) zeroes half
+        raise CheckFailed(
+            f"in train mode {zeros:.0%} of the outputs are exactly 0: dropout (or a ReLU) is applied to the final "
+            "output, which randomly erases logits",
+            hint="apply dropout between layers only, never to the last Linear's output",
+            expected="(almost) no exact zeros", got=f"{zeros:.0%} zeros")
+def _state_and_to(ns: dict[str, Any]) -> dict[str, Any]:
+    model = _stack(ns)
+    keys = [k for k in model.state_dict() if k.endswith("weight")]
+    model.to(torch.float64)  # .to(dtype) walks the same tree as .to(device)
+    left_behind = [n for n, p in model.named_parameters() if p.dtype != torch.float64]
+    out = model.eval()(_x(2, SIZES[0], torch.float64))
+    return {"keys": keys, "left_behind": left_behind,
+            "out_dtype": str(out.dtype) if isinstance(out, torch.Tensor) else one_line(out)}
 
 
 @check_for("13", "state_dict and .to() see the layers", points=1)
 def state_and_to(ns: dict[str, Any]) -> None:
-    model = _stack(ns)
-    keys = [k for k in model.state_dict() if k.endswith("weight")]
+    seen = observe(ns, _state_and_to)
+    keys = seen["keys"]
     if len(keys) != len(SIZES) - 1:
         raise CheckFailed(
             "state_dict() should hold one weight per Linear layer: a checkpoint would lose the others",
@@ -71,34 +140,38 @@ def state_and_to(ns: dict[str, Any]) -> None:
             expected=f"{len(SIZES) - 1} '...weight' keys",
             got=keys,
         )
-    model.to(torch.float64)  # .to(dtype) walks the same tree as .to(device)
-    left_behind = [n for n, p in model.named_parameters() if p.dtype != torch.float64]
-    out = model.eval()(torch.randn(2, SIZES[0], dtype=torch.float64))
-    if left_behind or out.dtype != torch.float64:
+    if seen["left_behind"] or seen["out_dtype"] != "torch.float64":
         raise CheckFailed(
             "model.to(...) did not move every layer: unregistered layers stay where they were",
             hint="store the layers in nn.ModuleList so .to(device) reaches them",
             expected="all parameters float64 after model.to(torch.float64)",
-            got=left_behind or f"output dtype {out.dtype}",
+            got=seen["left_behind"] or f"output dtype {seen['out_dtype']}",
         )
+
+
+class _Hidden(nn.Module):  # a plain list hides two layers; one frozen layer still counts
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = nn.Linear(3, 4)
+        self.frozen = nn.Linear(4, 2)
+        self.frozen.requires_grad_(False)
+        self.hidden = [nn.Linear(4, 4), nn.Linear(4, 4)]
+
+
+def _count_models() -> list[nn.Module]:
+    return [_Hidden(), nn.Sequential(nn.Embedding(11, 3), nn.LayerNorm(3))]
+
+
+def _counts(ns: dict[str, Any]) -> list[Any]:
+    count = need(ns, "count_registered", "define `count_registered(model) -> int`")
+    return [one_line(call(count, model)) for model in _count_models()]
 
 
 @check_for("13", "count_registered", points=1)
 def counts(ns: dict[str, Any]) -> None:
-    count = need(ns, "count_registered", "define `count_registered(model) -> int`")
-
-    class Hidden(nn.Module):  # a plain list hides two layers; one frozen layer still counts
-        def __init__(self) -> None:
-            super().__init__()
-            self.seen = nn.Linear(3, 4)
-            self.frozen = nn.Linear(4, 2)
-            self.frozen.requires_grad_(False)
-            self.hidden = [nn.Linear(4, 4), nn.Linear(4, 4)]
-
-    for model in (Hidden(), nn.Sequential(nn.Embedding(11, 3), nn.LayerNorm(3))):
+    for model, got in zip(_count_models(), observe(ns, _counts)):
         expected = sum(p.numel() for p in model.parameters())
-        got = count(model)
-        if got != expected:
+        if got != repr(expected):
             raise CheckFailed(
                 "count_registered should add up the elements of every registered parameter (frozen ones too), "
                 "and nothing hidden in plain lists",
@@ -108,71 +181,93 @@ def counts(ns: dict[str, Any]) -> None:
             )
 
 
+def _heads(ns: dict[str, Any]) -> dict[str, Any]:
+    model = _multi(ns)
+    out = model.eval()(_x(3, 6))
+    return {"out": _flat(out) if isinstance(out, dict) else type(out).__name__, "keys": sorted(model.state_dict())}
+
+
 @check_for("13", "ModuleDict of heads", points=1)
 def multi_head(ns: dict[str, Any]) -> None:
-    model = _multi(ns)
-    out = model.eval()(torch.randn(3, 6))
+    seen = observe(ns, _heads)
+    out = seen["out"]
     if not isinstance(out, dict) or set(out) != set(HEADS):
         raise CheckFailed(
             "MultiHead.forward should return a dict with one entry per head name",
             hint="return {name: head(features) for name, head in self.heads.items()}",
             expected=sorted(HEADS),
-            got=sorted(out) if isinstance(out, dict) else type(out).__name__,
+            got=sorted(out) if isinstance(out, dict) else out,
         )
     shapes = {k: tuple(v.shape) for k, v in out.items()}
     want = {k: (3, n) for k, n in HEADS.items()}
     if shapes != want:
         raise CheckFailed("each head should output [batch, n_outputs of that head]", expected=want, got=shapes)
-    keys = set(model.state_dict())
-    missing = [f"heads.{name}.weight" for name in HEADS if f"heads.{name}.weight" not in keys]
+    missing = [f"heads.{name}.weight" for name in HEADS if f"heads.{name}.weight" not in seen["keys"]]
     if missing:
         raise CheckFailed(
             "the heads should be registered in an nn.ModuleDict attribute called `heads`",
             hint="self.heads = nn.ModuleDict({name: nn.Linear(d_hidden, n) for name, n in heads.items()})",
             expected=missing,
-            got=sorted(keys),
+            got=seen["keys"],
         )
+
+
+def _flatten(out: Any) -> torch.Tensor:
+    return torch.cat([v.flatten() for v in out.values()]) if isinstance(out, dict) else out
+
+
+def _modes(ns: dict[str, Any]) -> list[dict[str, Any]]:
+    seen = []
+    for model, d_in in ((_stack(ns, p=0.5), SIZES[0]), (_multi(ns, p=0.5), 6)):
+        x = _x(16, d_in)
+        model.train()
+        with torch.no_grad():
+            train = [_flatten(model(x)).detach(), _flatten(model(x)).detach()]
+        model.eval()
+        with torch.no_grad():
+            evals = [_flatten(model(x)).detach(), _flatten(model(x)).detach()]
+        seen.append({"name": type(model).__name__, "train": train, "eval": evals})
+    return seen
 
 
 @check_for("13", "train()/eval() toggle dropout", points=1)
 def dropout_modes(ns: dict[str, Any]) -> None:
-    for model, d_in in ((_stack(ns, p=0.5), SIZES[0]), (_multi(ns, p=0.5), 6)):
-        x = torch.randn(16, d_in)
-        flat = lambda o: torch.cat([v.flatten() for v in o.values()]) if isinstance(o, dict) else o  # noqa: E731
-        model.train()
-        with torch.no_grad():
-            a, b = flat(model(x)), flat(model(x))
-        if torch.equal(a, b):
+    for seen in observe(ns, _modes):
+        if torch.equal(*seen["train"]):
             raise CheckFailed(
-                f"{type(model).__name__} in train() mode gave identical outputs twice with p=0.5: is dropout used?",
+                f"{seen['name']} in train() mode gave identical outputs twice with p=0.5: is dropout used?",
                 hint="add an nn.Dropout(p) module (registered) and apply it in forward",
             )
-        model.eval()
-        with torch.no_grad():
-            a, b = flat(model(x)), flat(model(x))
-        if not torch.equal(a, b):
+        if not torch.equal(*seen["eval"]):
             raise CheckFailed(
-                f"{type(model).__name__} in eval() mode should be deterministic",
+                f"{seen['name']} in eval() mode should be deterministic",
                 hint="use nn.Dropout (a module that follows model.eval()), not F.dropout(x, p) with training=True",
             )
 
 
-@check_for("13", "forward is pure", points=1)
-def forward_pure(ns: dict[str, Any]) -> None:
+def _purity(ns: dict[str, Any]) -> list[dict[str, Any]]:
+    seen = []
     for model, d_in in ((_stack(ns, p=0.2), SIZES[0]), (_multi(ns, p=0.2), 6)):
         model.eval()
         before = {k: v.clone() for k, v in model.state_dict().items()}
         attrs = set(vars(model))
-        x = torch.randn(2, d_in)
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed), torch.no_grad():
-            model(x)
-            model(x)
+            model(_x(2, d_in))
+            model(_x(2, d_in))
         after = model.state_dict()
-        changed = [k for k in before if not torch.equal(before[k], after[k])]
-        if printed.getvalue() or changed or set(vars(model)) != attrs or model.training:
+        seen.append({"name": type(model).__name__, "printed": printed.getvalue()[:60],
+                     "changed": [k for k in before if k not in after or not torch.equal(before[k], after[k])],
+                     "new attributes": sorted(set(vars(model)) - attrs), "training": model.training})
+    return seen
+
+
+@check_for("13", "forward is pure", points=1)
+def forward_pure(ns: dict[str, Any]) -> None:
+    for seen in observe(ns, _purity):
+        if seen["printed"] or seen["changed"] or seen["new attributes"] or seen["training"]:
             raise CheckFailed(
-                f"{type(model).__name__}.forward should only compute: no printing, no stored state, no mode changes",
+                f"{seen['name']}.forward should only compute: no printing, no stored state, no mode changes",
                 hint="keep I/O, logging and device moves outside forward so the module runs anywhere",
-                got={"printed": printed.getvalue()[:60], "changed": changed, "new attributes": sorted(set(vars(model)) - attrs)},
+                got={k: seen[k] for k in ("printed", "changed", "new attributes")},
             )

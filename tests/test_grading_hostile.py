@@ -1,0 +1,225 @@
+"""Hostile submissions against the real grader: forging, tampering and escaping all fail, nothing leaks out.
+
+One class of students is graded once, the way an instructor runs ``python -m course_lib grade`` (sandboxed on
+Linux with bubblewrap); every test reads its part of that one run. The exercise is the toy exercise 90 (instructor
+checks ``double(21) == 42`` and ``half(9) == 4.5``) plus the real exercise 05 for the forgeries aimed at its
+results, so grading stays fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.grading import sandbox
+from course_lib.grading.grade import main as grade_main
+
+from test_grading import TOY_CHECKS, toy_notebook
+
+REPO = Path(__file__).resolve().parents[1]
+# Generous on a shared machine: the first test waits for the whole class to be graded.
+pytestmark = pytest.mark.timeout(1500)
+SANDBOXED = sandbox.find_bwrap()[0] is not None
+
+# Code run when the exercise cell loads (before any check), in place of a solution. Each forges, tampers or escapes.
+FORGERIES = {
+    # Appends "passed" records to every file it can find next to it, then leaves before the checks run.
+    "forge_results": """
+import os, sys, json, glob
+for path in sys.argv[1:] + glob.glob("/grading/*") + glob.glob("*"):
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps({"index": 0, "result": {"passed": True, "points": 5}}) + "\\n")
+    except OSError:
+        pass
+os._exit(0)
+""",
+    # Writes observation files that claim correct answers in the grader's format, then leaves.
+    "forge_observations": """
+import os, sys, torch
+out = sys.argv[3] if len(sys.argv) > 3 else "/grading"
+torch.save([{"key": "_double", "value": 42}], os.path.join(out, "observations-0.pt"))
+torch.save([{"key": "_half", "value": 4.5}], os.path.join(out, "observations-1.pt"))
+os._exit(0)
+""",
+    # Replaces the grader's functions through sys.modules: every check "passes" in this process.
+    "patch_grader": """
+import sys
+import course_lib.grading.api as api
+api.run_check = lambda check, ns: api.CheckResult(check.exercise, check.name, check.points, passed=True)
+for module in list(sys.modules.values()):
+    if getattr(module, "__name__", "").startswith("course_lib"):
+        for name in ("CheckFailed",):
+            if hasattr(module, name):
+                setattr(module, name, type("Never", (Exception,), {}))
+main = sys.modules["__main__"]
+if hasattr(main, "run_check"):
+    main.run_check = api.run_check
+""",
+    # Prints lines that look like results, then exits with success.
+    "fake_stdout": """
+import os
+print('{"index": 0, "result": {"passed": true}}')
+print("score: 3/3 points (2/2 checks pass)")
+os._exit(0)
+""",
+}
+# Without a sandbox a submission runs as the grader's user and can signal the grader itself: that case is only
+# claimed (and tested) where bubblewrap isolates the process tree.
+SANDBOXED_FORGERIES = {
+    # Tries to kill its parent (the grader) and everything in its process group.
+    "kill_parent": """
+import os, signal
+for pid in (os.getppid(), 1):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+try:
+    os.killpg(0, signal.SIGTERM)
+except OSError:
+    pass
+""",
+}
+
+# Code that tries to escape: read or write outside its scratch folder, survive grading, exhaust resources.
+ESCAPES = {
+    "write_tmp": """
+open("/tmp/course-hostile-marker", "w").write("escaped")
+""",
+    "vandalise_classmate": """
+import os, glob
+for pattern in ("{subs}/*/*.ipynb", "/proc/*/cwd/../*/*.ipynb"):
+    for path in glob.glob(pattern):
+        try:
+            open(path, "w").write("vandalised")
+        except OSError:
+            pass
+try:
+    open("{csv}", "w").write("student,total\\nmallory,999\\n")
+except OSError:
+    pass
+""",
+    "survive_with_setsid": """
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "course-hostile-survivor"],
+                 start_new_session=True)
+""",
+    "memory_hog": """
+hog = bytearray(3 * 1024 ** 3)
+for i in range(0, len(hog), 4096):
+    hog[i] = 1
+""",
+    "output_flood": """
+import sys
+line = "x" * 1023 + "\\n"
+for _ in range(300 * 1024):
+    sys.stdout.write(line)
+""",
+    "read_classmate": """
+import glob
+stolen = [open(p).read() for p in glob.glob("{subs}/ada/*.ipynb")]
+if stolen:
+    raise SystemExit("read a classmate's notebook")
+""",
+}
+
+
+def _hostile_toy(path: Path, code: str) -> None:
+    """A correct toy notebook whose first exercise cell also runs ``code`` when it loads."""
+    toy_notebook(path, double_body="return 3 * x")  # wrong on purpose: only forging could score exercise 90 fully
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[2].source = nb.cells[2].source + "\n\n" + code
+    nbformat.write(nb, path)
+
+
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("hostile")
+    instructor = root / "instructor"
+    instructor.mkdir()
+    (instructor / "toy_checks.py").write_text(TOY_CHECKS)
+    subs, out = root / "class", root / "grades.csv"
+    toy_notebook(subs / "ada" / "90_toy.ipynb")  # the honest classmate: 3/3
+    honest_copy = (subs / "ada" / "90_toy.ipynb").read_bytes()
+    hostile = {**FORGERIES, **SANDBOXED_FORGERIES, **ESCAPES} if SANDBOXED else FORGERIES
+    for name, code in hostile.items():
+        code = code.replace("{subs}", str(subs)).replace("{csv}", str(out))
+        _hostile_toy(subs / name / "90_toy.ipynb", code)
+    before = {p: p.read_bytes() for p in subs.glob("*/*.ipynb")}
+    Path("/tmp/course-hostile-marker").unlink(missing_ok=True)
+    started = time.monotonic()
+    code = grade_main([str(subs), "--out", str(out), "--exercises", "90", "--extra-tests", str(instructor),
+                       "--timeout", "90", "--jobs", "2"])
+    elapsed = time.monotonic() - started
+    rows = {row["student"]: row for row in csv.DictReader(out.open())}
+    changed = [p for p, data in before.items() if p.read_bytes() != data]
+    return {"code": code, "rows": rows, "subs": subs, "out": out, "honest": honest_copy, "changed": changed,
+            "feedback": root / "grades-feedback", "elapsed": elapsed}
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES) + sorted(SANDBOXED_FORGERIES))
+def test_forged_or_tampered_verdicts_score_zero(graded_class: dict, name: str) -> None:
+    if name not in graded_class["rows"]:
+        pytest.skip("needs bubblewrap: " + sandbox.describe())
+    row = graded_class["rows"][name]
+    # double is wrong (3 * x) in every hostile notebook; half is right, but only counts if the checks really ran.
+    assert row["ex90"] in ("0", "2"), row
+    results = json.loads((graded_class["feedback"] / name / "results.json").read_text())
+    by_name = {t["name"]: t for t in results["tests"]}
+    assert by_name["ex90 doubles"]["score"] == 0, by_name
+
+
+def test_exiting_before_the_checks_scores_zero(graded_class: dict) -> None:
+    for name in ("forge_results", "fake_stdout"):
+        assert graded_class["rows"][name]["ex90"] == "0", graded_class["rows"][name]
+        assert "ended early" in graded_class["rows"][name]["status"]
+    # Observations forged with answers worked out in advance do not match this run's inputs.
+    assert graded_class["rows"]["forge_observations"]["ex90"] == "0"
+
+
+def test_the_honest_classmate_is_untouched(graded_class: dict) -> None:
+    assert graded_class["code"] == 0
+    assert graded_class["rows"]["ada"]["ex90"] == "3"
+    assert graded_class["rows"]["ada"]["status"] == "graded"
+    assert (graded_class["subs"] / "ada" / "90_toy.ipynb").read_bytes() == graded_class["honest"]
+    assert "mallory" not in graded_class["out"].read_text()
+
+
+@pytest.mark.skipif(not SANDBOXED, reason="needs bubblewrap: " + sandbox.describe())
+def test_no_side_effect_escapes_the_sandbox(graded_class: dict) -> None:
+    assert not Path("/tmp/course-hostile-marker").exists()
+    assert not graded_class["changed"], "grading changed submitted notebooks"
+    # Reading a classmate's notebook was impossible, so that submission was not stopped by its own check.
+    assert graded_class["rows"]["read_classmate"]["ex90"] == "2"
+
+
+@pytest.mark.skipif(not SANDBOXED, reason="needs bubblewrap: " + sandbox.describe())
+def test_no_process_outlives_grading(graded_class: dict) -> None:
+    # The submission started a process in a session of its own (out of reach of a process-group kill).
+    survivors = subprocess.run(["pgrep", "-f", "course-hostile-survivor"], capture_output=True, text=True).stdout
+    assert not survivors.split(), "a process started by a submission outlived grading"
+
+
+@pytest.mark.skipif(not SANDBOXED, reason="needs bubblewrap: " + sandbox.describe())
+def test_resource_limits_end_hogs_without_harm(graded_class: dict) -> None:
+    for name in ("memory_hog", "output_flood"):
+        row = graded_class["rows"][name]
+        assert row["ex90"] in ("0", "2") and row["status"] != "timed out", row
+
+
+def test_outputs_for_the_instructor(graded_class: dict) -> None:
+    header = next(csv.reader(graded_class["out"].open()))
+    assert header == ["student", "ex90", "total", "max", "status", "flags"]
+    results = json.loads((graded_class["feedback"] / "ada" / "results.json").read_text())
+    assert (results["score"], results["max_score"]) == (3, 3)
+    assert {(t["name"], t["score"], t["max_score"]) for t in results["tests"]} == {
+        ("ex90 doubles", 1, 1), ("ex90 halves", 2, 2)}
+    feedback = (graded_class["feedback"] / "forge_results" / "feedback.txt").read_text()
+    assert "exercise 90: 0/3 points (ended early)" in feedback

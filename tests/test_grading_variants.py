@@ -1,0 +1,680 @@
+"""Checks catch realistic mistakes and accept correct alternatives, judged exactly as the grader judges.
+
+Each row is a piece of code that redefines one exercise function on top of the solution notebook's set-up and
+exercise cells. A *wrong variant* must fail the named check; a *correct alternative* must pass every check. The
+judging goes through the grader's own observe -> save -> load -> replay path
+(:func:`course_lib.grading.inprocess.observe_and_judge`), in this process: the rows are the course's own code.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from course_lib.grading import notebook
+from course_lib.grading.api import CELL_ERRORS, CheckResult
+from course_lib.grading.inprocess import observe_and_judge
+from course_lib.grading.worker import load_namespace
+
+REPO = Path(__file__).resolve().parents[1]
+# Exercise 01's rows train (and kill) small runs in subprocesses: slow on a shared machine.
+pytestmark = pytest.mark.timeout(900)
+
+
+def solution_namespace(number: str, extra_code: str = "") -> dict:
+    """A fresh namespace with the solution's graded cells run, then ``extra_code``."""
+    (path,) = sorted((REPO / "solutions").glob(f"{number}_*.ipynb"))
+    ns = load_namespace(notebook.read(path))
+    assert not ns[CELL_ERRORS], ns[CELL_ERRORS]
+    exec(compile(textwrap.dedent(extra_code), f"<variant {number}>", "exec"), ns)
+    return ns
+
+
+def judge(number: str, code: str, only: str = "") -> dict[str, CheckResult]:
+    return {r.name: r for r in observe_and_judge(number, solution_namespace(number, code), only)}
+
+
+# (exercise, what the mistake is, the code, a word from the name of the check that must fail)
+WRONG: list[tuple[str, str, str, str]] = [
+    # ---------------------------------------------------------------- 01
+    ("01", "resume starts a fresh run", """
+        def resume(cfg):
+            return run(cfg)
+        """, "resumed"),
+    ("01", "kill helper returns steps // 2 without reading the checkpoint", """
+        _solution_kill = kill_at_halfway
+        def kill_at_halfway(cfg, poll_s=0.05):
+            _solution_kill(cfg, poll_s)
+            return cfg.steps // 2
+        """, "resumed"),
+    ("01", "field types ignored (every value a string)", """
+        def parse_overrides(argv, cls=TrainConfig):
+            it = iter(argv)
+            return cls(**{flag[2:].replace("-", "_"): value for flag, value in zip(it, it)})
+        """, "types"),
+    ("01", "unknown flags silently ignored", """
+        _solution_parse = parse_overrides
+        def parse_overrides(argv, cls=TrainConfig):
+            names = {f.name for f in dataclasses.fields(cls)}
+            keep, i = [], 0
+            while i < len(argv):
+                name = argv[i][2:].replace("-", "_")
+                if argv[i].startswith("--") and name.removeprefix("no_") not in names:
+                    i += 2
+                    continue
+                keep.append(argv[i])
+                i += 1
+            return _solution_parse(keep, cls)
+        """, "malformed"),
+    ("01", "booleans written as --compile True", """
+        def to_argv(cfg):
+            return [x for f in dataclasses.fields(cfg)
+                    for x in ("--" + f.name.replace("_", "-"), str(getattr(cfg, f.name)))]
+        """, "round-trips"),
+    # ---------------------------------------------------------------- 05
+    ("05", "divides by steps - warmup without a guard", """
+        def lr_at(step, cfg):
+            if step < cfg.warmup:
+                return cfg.lr * step / cfg.warmup
+            t = min(1.0, (step - cfg.warmup) / (cfg.steps - cfg.warmup))
+            return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+        """, "warmup == steps"),
+    ("05", "no clamp past the end", """
+        def lr_at(step, cfg):
+            if step < cfg.warmup:
+                return cfg.lr * step / cfg.warmup
+            t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+            return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+        """, "past the end"),
+    ("05", "warm-up off by one (starts at lr/warmup)", """
+        def lr_at(step, cfg):
+            if step < cfg.warmup:
+                return cfg.lr * (step + 1) / cfg.warmup
+            t = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+            return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+        """, "cosine"),
+    ("05", "cosine down to 0 instead of 10%", """
+        def lr_at(step, cfg):
+            if step < cfg.warmup:
+                return cfg.lr * step / cfg.warmup
+            t = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+            return cfg.lr * 0.5 * (1 + math.cos(math.pi * t))
+        """, "cosine"),
+    ("05", "avoids the zero division by changing cfg.warmup", """
+        def lr_at(step, cfg):
+            cfg.warmup = max(1, cfg.warmup)
+            if step < cfg.warmup:
+                return cfg.lr * step / cfg.warmup
+            t = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+            return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+        """, "warmup=0"),
+    # ---------------------------------------------------------------- 02
+    ("02", "workers on a single core", """
+        def loader_config(cores, device_type):
+            workers = max(1, cores - 1)
+            return {"num_workers": workers, "prefetch_factor": 2, "persistent_workers": True,
+                    "pin_memory": device_type == "cuda"}
+        """, "loader settings"),
+    ("02", "counts the (x, y) tuple instead of the samples", """
+        def samples_per_second(loader, n_batches, clock=time.perf_counter):
+            samples = batches = 0
+            start = clock()
+            for batch in loader:
+                samples += len(batch)
+                batches += 1
+                if batches == n_batches:
+                    break
+            if batches < n_batches:
+                raise ValueError("too few batches")
+            return samples / (clock() - start)
+        """, "samples/s"),
+    ("02", "the issue's profiler schedule without repeat=1", """
+        def profile_steps(step_fn, warmup=1, active=3):
+            schedule = torch.profiler.schedule(wait=0, warmup=warmup, active=active)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule) as prof:
+                for _ in range(warmup + active):
+                    step_fn()
+                    prof.step()
+            return prof
+        """, "profiler"),
+    ("02", "ranks by total time", """
+        def top_ops(prof, k=5):
+            events = sorted(prof.key_averages(), key=lambda e: e.cpu_time_total, reverse=True)
+            return [(e.key, e.self_cpu_time_total / 1000.0) for e in events[:k]]
+        """, "top operations"),
+    ("02", "microseconds reported as milliseconds", """
+        def top_ops(prof, k=5):
+            events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+            return [(e.key, e.self_cpu_time_total) for e in events[:k]]
+        """, "top operations"),
+    ("02", "a tie is called compute-bound, no validation", """
+        def verdict(data_s, compute_s):
+            return "input-bound" if data_s > compute_s else "compute-bound"
+        """, "verdict"),
+    # ---------------------------------------------------------------- 03
+    ("03", "compile counting without torch._dynamo.reset()", """
+        def count_compiles(model, inputs):
+            graphs = 0
+            def backend(gm, example_inputs):
+                nonlocal graphs
+                graphs += 1
+                return gm.forward
+            compiled = torch.compile(model, backend=backend)
+            for x in inputs:
+                compiled(x)
+            return graphs
+        """, "recompilations"),
+    ("03", "mean instead of median", """
+        def steady_state(times, warmup):
+            if not 0 <= warmup < len(times):
+                raise ValueError("warmup leaves nothing to measure")
+            return statistics.mean(times[warmup:])
+        """, "steady state"),
+    ("03", "speedup upside down", """
+        def speedup(baseline_times, new_times, warmup):
+            return steady_state(new_times, warmup) / steady_state(baseline_times, warmup)
+        """, "speedup"),
+    ("03", "mode passed positionally (a TypeError in torch.compile)", """
+        def compile_model(model, mode="default", backend="inductor"):
+            return torch.compile(model, mode, backend=backend)
+        """, "keyword"),
+    ("03", "TF32 through the CUDA flag only, nothing returned", """
+        def set_tf32(enabled):
+            torch.backends.cuda.matmul.allow_tf32 = enabled
+        """, "TF32"),
+    ("03", "slow steps against the mean", """
+        def slow_steps(times, factor=3.0):
+            mean = statistics.mean(times)
+            return [i for i, t in enumerate(times) if t > factor * mean]
+        """, "slow steps"),
+    # ---------------------------------------------------------------- 04
+    ("04", "shape test never tries a batch of one", """
+        def test_shapes(impl):
+            model = impl.make_model(0).eval()
+            x, _ = impl.make_batch(8, seed=8)
+            with torch.no_grad():
+                assert model(x).shape == (8, impl.num_classes)
+        """, "wrong output shape"),
+    ("04", "determinism test compares one run with itself", """
+        def test_determinism(impl):
+            model = impl.make_model(seed=3)
+            losses = [impl.train_step(model, impl.make_optimizer(model), impl.make_batch(8, seed=0))]
+            assert losses == losses
+        """, "seed ignored"),
+    ("04", "checkpoint test compares weights only (not the next step)", """
+        def test_checkpoint_roundtrip(impl, tmp_path):
+            model = impl.make_model(0)
+            optimizer = impl.make_optimizer(model)
+            impl.train_step(model, optimizer, impl.make_batch(8, seed=0))
+            impl.save(tmp_path / "c.pt", model, optimizer)
+            restored, _ = impl.load(tmp_path / "c.pt")
+            for a, b in zip(model.parameters(), restored.parameters()):
+                assert torch.equal(a, b)
+        """, "optimizer state"),
+    ("04", "overfit test with a threshold no model reaches", """
+        def test_overfit_one_batch(impl):
+            model = impl.make_model(0)
+            optimizer = impl.make_optimizer(model)
+            batch = impl.make_batch(8, seed=1)
+            for _ in range(5):
+                last = impl.train_step(model, optimizer, batch)
+            assert last < 1e-6
+        """, "correct implementation"),
+    # ---------------------------------------------------------------- 06
+    ("06", "decay by name: only '.weight' decays (norm scales too)", """
+        def param_groups(model, wd):
+            decay = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith("weight")]
+            rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith("weight")]
+            return [{"params": decay, "weight_decay": wd}, {"params": rest, "weight_decay": 0.0}]
+        """, "decay only"),
+    ("06", "frozen parameters included", """
+        def param_groups(model, wd):
+            params = list(model.parameters())
+            return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
+                    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        """, "frozen"),
+    ("06", "no weight_decay key in the no-decay group (AdamW's default 0.01)", """
+        def param_groups(model, wd):
+            params = [p for p in model.parameters() if p.requires_grad]
+            return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
+                    {"params": [p for p in params if p.dim() < 2]}]
+        """, "decay only"),
+    ("06", "tied weight listed twice (named_parameters without dedup)", """
+        def param_groups(model, wd):
+            params = [p for _, p in model.named_parameters(remove_duplicate=False) if p.requires_grad]
+            return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
+                    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        """, "exactly once"),
+    # ---------------------------------------------------------------- 07
+    ("07", "returned loss never computed (42.0)", """
+        _solution_train = train_accumulated
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            result = _solution_train(model, loader, optimizer, device, microbatches)
+            return {**result, "loss": 42.0}
+        """, "big batch"),
+    ("07", "len(y) instead of the real (non -100) targets", """
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            total_loss, total_count, sizes = 0.0, 0, []
+            for group in _groups(loader, microbatches):
+                count = sum(len(y) for _, y in group)
+                for x, y in group:
+                    loss_sum = F.cross_entropy(model(x), y, ignore_index=-100, reduction="sum")
+                    (loss_sum / count).backward()
+                    total_loss += loss_sum.item()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total_count += count
+                sizes.append(count)
+            return {"loss": total_loss / total_count, "steps": len(sizes), "group_sizes": sizes}
+        """, "big batch"),
+    ("07", "mean loss divided by the number of micro-batches", """
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            model.train()
+            steps, sizes, batches = 0, [], list(loader)
+            for start in range(0, len(batches), microbatches):
+                group = batches[start:start + microbatches]
+                for x, y in group:
+                    (F.cross_entropy(model(x), y) / microbatches).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                sizes.append(sum(int((y != -100).sum()) for _, y in group))
+            return {"loss": 0.0, "steps": len(sizes), "group_sizes": sizes}
+        """, "big batch"),
+    ("07", "steps after every micro-batch", """
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            sizes = []
+            for x, y in loader:
+                count = int((y != -100).sum())
+                (F.cross_entropy(model(x), y, reduction="sum") / max(count, 1)).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                sizes.append(count)
+            return {"loss": 0.0, "steps": len(sizes), "group_sizes": sizes}
+        """, "groups of"),
+    ("07", "weighted loss divided by the sample count", """
+        def train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4):
+            for group in _groups(loader, microbatches):
+                count = sum(len(y) for _, y in group)
+                for x, y in group:
+                    (F.cross_entropy(model(x), y, weight=class_weights, reduction="sum") / count).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            return {"loss": 0.0, "steps": 0, "group_sizes": []}
+        """, "class-weighted"),
+    # ---------------------------------------------------------------- 08
+    ("08", "optimizer.step() instead of scaler.step()", """
+        def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
+            x, y = batch
+            with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            optimizer.step()
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            return {"loss": loss.item(), "grad_norm": float(norm)}
+        """, "overflowing"),
+    ("08", "clipping before unscale_", """
+        def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
+            x, y = batch
+            with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.unscale_(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            return {"loss": loss.item(), "grad_norm": float(norm)}
+        """, "grad norm"),
+    ("08", "the outdated torch.cuda.amp.GradScaler", """
+        def make_scaler(device, amp_dtype):
+            return torch.cuda.amp.GradScaler(enabled=amp_dtype == torch.float16)
+        """, "scaler enabled"),
+    ("08", "scaler always enabled", """
+        def make_scaler(device, amp_dtype):
+            return torch.amp.GradScaler(device.type)
+        """, "scaler enabled"),
+    ("08", "model.half() for fp16", """
+        _solution_step = amp_step
+        def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
+            if amp_dtype == torch.float16:
+                model.half()
+                batch = (batch[0].half(), batch[1])
+            return _solution_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm)
+        """, "fp32"),
+    # ---------------------------------------------------------------- 09
+    ("09", "mean of batch means", """
+        @torch.inference_mode()
+        def evaluate(model, loader, device):
+            was = model.training
+            model.eval()
+            losses, accs = [], []
+            for x, y in loader:
+                out = model(x)
+                losses.append(F.cross_entropy(out, y).item())
+                keep = y != -100
+                accs.append((out.argmax(1)[keep] == y[keep]).float().mean().item())
+            model.train(was)
+            return {"loss": sum(losses) / len(losses), "acc": sum(accs) / len(accs)}
+        """, "uneven"),
+    ("09", "padding (-100) counted in the accuracy", """
+        @torch.inference_mode()
+        def evaluate(model, loader, device):
+            was = model.training
+            model.eval()
+            loss = correct = count = 0.0
+            for x, y in loader:
+                out = model(x)
+                loss += F.cross_entropy(out, y, reduction="sum").item()
+                correct += (out.argmax(1) == y).sum().item()
+                count += len(y)
+            model.train(was)
+            return {"loss": loss / count, "acc": correct / count}
+        """, "-100"),
+    ("09", "leaves the model in eval mode", """
+        _solution_evaluate = evaluate
+        def evaluate(model, loader, device):
+            result = _solution_evaluate(model, loader, device)
+            model.eval()
+            return result
+        """, "mode restored"),
+    ("09", "autograd left on", """
+        _inner = evaluate.__wrapped__ if hasattr(evaluate, "__wrapped__") else None
+        def evaluate(model, loader, device):
+            was = model.training
+            model.eval()
+            loss = correct = count = 0.0
+            for x, y in loader:
+                out = model(x)
+                keep = y != -100
+                loss += F.cross_entropy(out, y, reduction="sum").item()
+                correct += (out.argmax(1)[keep] == y[keep]).sum().item()
+                count += int(keep.sum())
+            model.train(was)
+            return {"loss": loss / count, "acc": correct / count}
+        """, "inference_mode"),
+    # ---------------------------------------------------------------- 10
+    ("10", "frozen parameters counted as trainable", """
+        def count_trainable(model):
+            return sum(p.numel() for p in model.parameters())
+        """, "trainable"),
+    ("10", "4 bytes for every element", """
+        def stored_bytes(model):
+            return 4 * sum(t.numel() for t in list(model.parameters()) + list(model.buffers()))
+        """, "stored bytes"),
+    ("10", "buffers forgotten", """
+        def stored_bytes(model):
+            return sum(p.numel() * p.element_size() for p in model.parameters())
+        """, "stored bytes"),
+    ("10", "warm-up timed too (one clock around everything)", """
+        def measure_latency(model, example, device, *, warmup=5, reps=20, timer=time.perf_counter):
+            model.eval()
+            times = []
+            with torch.inference_mode():
+                for _ in range(warmup + reps):
+                    start = timer()
+                    model(example)
+                    synchronize(device)
+                    times.append((timer() - start) * 1000)
+            return {"median_ms": statistics.median(times), "batch": example.shape[0], "shape": tuple(example.shape),
+                    "device": str(device), "precision": str(example.dtype), "warmup": warmup, "reps": reps}
+        """, "warm-up excluded"),
+    ("10", "clock read before the device finished (no synchronize)", """
+        def measure_latency(model, example, device, *, warmup=5, reps=20, timer=time.perf_counter):
+            model.eval()
+            times = []
+            with torch.inference_mode():
+                for _ in range(warmup):
+                    model(example)
+                for _ in range(reps):
+                    start = timer()
+                    model(example)
+                    times.append((timer() - start) * 1000)
+            return {"median_ms": statistics.median(times), "batch": example.shape[0], "shape": tuple(example.shape),
+                    "device": str(device), "precision": str(example.dtype), "warmup": warmup, "reps": reps}
+        """, "synchronised"),
+    # ---------------------------------------------------------------- 11
+    ("11", "set_epoch forgotten", """
+        def rank_indices(n, world_size, rank, epoch, seed=0):
+            return list(DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed))
+        """, "set_epoch"),
+    ("11", "contiguous shards (no shuffle)", """
+        def rank_indices(n, world_size, rank, epoch, seed=0):
+            per = -(-n // world_size)
+            return [i % n for i in range(rank * per, (rank + 1) * per)]
+        """, "disjoint"),
+    ("11", "LR scaled by the per-device batch only", """
+        def scaled_lr(base_lr, base_batch, per_device_batch, world_size, accum=1):
+            return base_lr * per_device_batch / base_batch
+        """, "linear LR"),
+    ("11", "every rank saves", """
+        def save_on_main(state, path, rank):
+            torch.save(state, path)
+            return True
+        """, "rank 0"),
+    # ---------------------------------------------------------------- 12
+    ("12", "bare optimizer and scheduler (no monitor)", """
+        class LitClassifier(LitClassifier):
+            def configure_optimizers(self):
+                opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+                return [opt], [torch.optim.lr_scheduler.ReduceLROnPlateau(opt)]
+        """, "plateau"),
+    ("12", "scheduler watching the training loss", """
+        class LitClassifier(LitClassifier):
+            def configure_optimizers(self):
+                opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+                return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt),
+                        "monitor": "train_loss"}
+        """, "plateau"),
+    ("12", "stopping_threshold instead of min_delta", """
+        def make_callbacks(dirpath, patience=3, min_delta=1e-3):
+            return [EarlyStopping(monitor="val_loss", mode="min", patience=patience, stopping_threshold=min_delta),
+                    ModelCheckpoint(dirpath=dirpath, monitor="val_loss", mode="min", save_top_k=1)]
+        """, "EarlyStopping"),
+    ("12", "load_best returns the trainer's last weights", """
+        def load_best(trainer, cls):
+            model = cls(lr=trainer.lightning_module.hparams.lr)
+            model.load_state_dict(trainer.lightning_module.state_dict())
+            return model
+        """, "load_best"),
+    # ---------------------------------------------------------------- 13
+    ("13", "ReLU and dropout after the last layer", """
+        class StackMLP(nn.Module):
+            def __init__(self, sizes, p=0.1):
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+                self.drop = nn.Dropout(p)
+            def forward(self, x):
+                for layer in self.layers:
+                    x = self.drop(torch.relu(layer(x)))
+                return x
+        """, "none after the last"),
+    ("13", "dropout (only) after the last layer", """
+        class StackMLP(nn.Module):
+            def __init__(self, sizes, p=0.1):
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+                self.drop = nn.Dropout(p)
+            def forward(self, x):
+                for i, layer in enumerate(self.layers):
+                    x = layer(x)
+                    x = torch.relu(x) if i < len(self.layers) - 1 else x
+                    x = self.drop(x)
+                return x
+        """, "no dropout after"),
+    ("13", "layers in a plain list", """
+        class StackMLP(nn.Module):
+            def __init__(self, sizes, p=0.1):
+                super().__init__()
+                self.layers = [nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
+                self.drop = nn.Dropout(p)
+            def forward(self, x):
+                for i, layer in enumerate(self.layers):
+                    x = layer(x)
+                    if i < len(self.layers) - 1:
+                        x = self.drop(torch.relu(x))
+                return x
+        """, "registered"),
+    ("13", "F.dropout that ignores eval()", """
+        class StackMLP(nn.Module):
+            def __init__(self, sizes, p=0.1):
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+                self.p = p
+            def forward(self, x):
+                for i, layer in enumerate(self.layers):
+                    x = layer(x)
+                    if i < len(self.layers) - 1:
+                        x = torch.nn.functional.dropout(torch.relu(x), self.p, training=True)
+                return x
+        """, "toggle dropout"),
+    ("13", "heads in a plain dict", """
+        class MultiHead(nn.Module):
+            def __init__(self, d_in, d_hidden, heads, p=0.1):
+                super().__init__()
+                self.trunk = nn.Sequential(nn.Linear(d_in, d_hidden), nn.ReLU(), nn.Dropout(p))
+                self.heads = {name: nn.Linear(d_hidden, n) for name, n in heads.items()}
+            def forward(self, x):
+                features = self.trunk(x)
+                return {name: head(features) for name, head in self.heads.items()}
+        """, "ModuleDict"),
+]
+
+# (exercise, what differs from the solution, the code)
+RIGHT: list[tuple[str, str, str]] = [
+    ("01", "resume through the training CLI's --resume in-process", """
+        def resume(cfg):
+            from course_lib.train.launch import run as course_run
+            return course_run(cfg, resume=True)
+        """),
+    ("05", "numpy-free closed form with a conditional expression", """
+        def lr_at(step, cfg):
+            peak, floor = cfg.lr, 0.1 * cfg.lr
+            if cfg.warmup and step < cfg.warmup:
+                return peak * step / cfg.warmup
+            span = max(cfg.steps - cfg.warmup, 1)
+            t = min(1.0, (step - cfg.warmup) / span)
+            return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+        """),
+    ("02", "samples counted with x.shape[0], a while loop over an iterator", """
+        def samples_per_second(loader, n_batches, clock=time.perf_counter):
+            it, samples = iter(loader), 0
+            start = clock()
+            for _ in range(n_batches):
+                try:
+                    x, _ = next(it)
+                except StopIteration:
+                    raise ValueError("the loader ran out of batches") from None
+                samples += x.shape[0]
+            return samples / (clock() - start)
+        """),
+    ("03", "count_compiles with torch._dynamo's CompileCounter", """
+        def count_compiles(model, inputs):
+            from torch._dynamo.testing import CompileCounter
+            torch._dynamo.reset()
+            counter = CompileCounter()
+            compiled = torch.compile(model, backend=counter)
+            for x in inputs:
+                compiled(x)
+            return counter.frame_count
+        """),
+    ("06", "param groups in the other order, no-decay first", """
+        def param_groups(model, wd):
+            params = [p for p in model.parameters() if p.requires_grad]
+            return [{"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+                    {"params": [p for p in params if p.dim() >= 2], "weight_decay": wd}]
+        """),
+    ("08", "autocast written with enabled=, dtype defaulted", """
+        def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
+            x, y = (t.to(device) for t in batch)
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            return {"loss": float(loss.detach()), "grad_norm": float(norm)}
+        """),
+    ("09", "torch.no_grad() instead of inference_mode", """
+        @torch.no_grad()
+        def evaluate(model, loader, device):
+            was = model.training
+            model.eval()
+            loss = correct = count = 0.0
+            for x, y in loader:
+                out = model(x)
+                keep = y != -100
+                loss += F.cross_entropy(out, y, reduction="sum").item()
+                correct += (out.argmax(1)[keep] == y[keep]).sum().item()
+                count += int(keep.sum())
+            model.train(was)
+            return {"loss": loss / count, "acc": correct / count}
+        """),
+    ("10", "no_grad instead of inference_mode, timings kept in seconds then converted", """
+        def measure_latency(model, example, device, *, warmup=5, reps=20, timer=time.perf_counter):
+            model.eval()
+            seconds = []
+            with torch.no_grad():
+                for _ in range(warmup):
+                    model(example)
+                synchronize(device)
+                for _ in range(reps):
+                    start = timer()
+                    model(example)
+                    synchronize(device)
+                    seconds.append(timer() - start)
+            return {"median_ms": 1000 * statistics.median(seconds), "batch": example.shape[0],
+                    "shape": list(example.shape), "device": torch.device(device), "precision": "fp32",
+                    "warmup": warmup, "reps": reps}
+        """),
+    ("12", "Lightning's flat dict {optimizer, lr_scheduler, monitor}", """
+        class LitClassifier(LitClassifier):
+            def configure_optimizers(self):
+                opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+                return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt),
+                        "monitor": "val_loss"}
+        """),
+    ("12", "scheduler dict without interval/frequency (Lightning's defaults)", """
+        class LitClassifier(LitClassifier):
+            def configure_optimizers(self):
+                opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+                sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5)
+                return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "val_loss"}}
+        """),
+    ("13", "nn.Sequential built from a list of layers", """
+        class StackMLP(nn.Module):
+            def __init__(self, sizes, p=0.1):
+                super().__init__()
+                layers = []
+                for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+                    layers.append(nn.Linear(a, b))
+                    if i < len(sizes) - 2:
+                        layers += [nn.ReLU(), nn.Dropout(p)]
+                self.layers = nn.Sequential(*layers)
+            def forward(self, x):
+                return self.layers(x)
+        """),
+]
+
+
+@pytest.mark.parametrize("number, mistake, code, check", WRONG, ids=[f"{w[0]}-{w[1]}" for w in WRONG])
+def test_wrong_variant_fails(number: str, mistake: str, code: str, check: str) -> None:
+    results = judge(number, code, only=check)  # only the check that must catch it: some checks train models
+    assert results, f"no check of exercise {number} is named like {check!r}"
+    failing = {name: r.message for name, r in results.items() if not r.passed}
+    assert any(check in name for name in failing), f"{mistake!r} should fail {check!r}; failing: {failing}"
+
+
+@pytest.mark.parametrize("number, difference, code", RIGHT, ids=[f"{r[0]}-{r[1]}" for r in RIGHT])
+def test_correct_alternative_passes(number: str, difference: str, code: str) -> None:
+    results = judge(number, code)
+    failing = {name: (r.message, r.hint, r.expected, r.got) for name, r in results.items() if not r.passed}
+    assert not failing, f"{difference!r} is correct but failed: {failing}"
