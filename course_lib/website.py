@@ -119,15 +119,24 @@ def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 
 
 
 # --- 2. stage -------------------------------------------------------------------------------------------------------
-def _widget_text(model_id: str, state: dict[str, Any]) -> str:
-    """The visible text of a widget (and its children) from the saved widget state: a tqdm bar's final line."""
+CONTROLS = re.compile(r"(Button|Dropdown|Slider|Checkbox|Select|Text|Textarea|Toggle|RadioButtons|Combobox)Model$")
+LIVE_WIDGET = "(an interactive widget: open the lesson in Jupyter to use it)"
+
+
+def _widget_tree(model_id: str, state: dict[str, Any]) -> list[dict[str, Any]]:
     model = state.get(model_id, {}).get("state", {})
-    parts = []
-    if model.get("_model_name") in ("HTMLModel", "LabelModel", "TextModel") and model.get("value"):
-        parts.append(re.sub(r"<[^>]+>", "", html.unescape(str(model["value"]))).strip())
-    for child in model.get("children", []):
-        parts.append(_widget_text(str(child).removeprefix("IPY_MODEL_"), state))
-    return " ".join(p for p in parts if p)
+    children = [str(c).removeprefix("IPY_MODEL_") for c in model.get("children", [])]
+    return [model, *(m for child in children for m in _widget_tree(child, state))]
+
+
+def _widget_text(model_id: str, state: dict[str, Any]) -> str:
+    """What a widget shows, from the saved widget state: a progress bar's final line; controls cannot be static."""
+    tree = _widget_tree(model_id, state)
+    if any(CONTROLS.search(str(m.get("_model_name", ""))) for m in tree):
+        return LIVE_WIDGET
+    texts = (re.sub(r"<[^>]+>", "", html.unescape(str(m["value"]))).strip()
+             for m in tree if m.get("_model_name") in ("HTMLModel", "LabelModel") and m.get("value"))
+    return " ".join(t for t in texts if t) or LIVE_WIDGET
 
 
 def static_outputs(nb: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +148,7 @@ def static_outputs(nb: dict[str, Any]) -> dict[str, Any]:
             if view is None:
                 continue
             text = _widget_text(view.get("model_id", ""), state)
-            output["data"] = {"text/plain": text or "(an interactive widget: run the notebook to use it)"}
+            output["data"] = {"text/plain": text}
     return nb
 
 

@@ -177,10 +177,11 @@ def fresh(tmp_path_factory):
         "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0",  # (sic: pip reads this variable as "isolation = off")
     })
     # pip builds a local folder in place; a build/lib left by an older version of the tree could hold deleted modules.
+    by_products = [p for p in (REPO / "build" / "lib", REPO / "course_lib.egg-info") if not p.exists()]
     shutil.rmtree(REPO / "build" / "lib", ignore_errors=True)
     yield python, env, "course-fresh"
-    shutil.rmtree(REPO / "build" / "lib", ignore_errors=True)
-    shutil.rmtree(REPO / "course_lib.egg-info", ignore_errors=True)
+    for path in by_products:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 EXECUTE = textwrap.dedent("""
