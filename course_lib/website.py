@@ -106,8 +106,11 @@ def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 
     nb = nbformat.read(lesson, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(lesson.parent)}})
+    # The kernel gets Jupyter's inline backend, so plots become images in the page; a non-interactive backend set for
+    # scripts or tests (MPLBACKEND=Agg) would leave the figures out.
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
     try:
-        client.execute()
+        client.execute(env=env)
     except CellExecutionError as exc:
         raise LessonFailed(f"{lesson.name} failed in {mode.mode()} mode:\n{exc}") from None
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -132,9 +132,11 @@ def test_site_links_home_to_each_lesson_and_rewrites_links_to_non_pages(site):
 # --- the built site, in Chromium ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def served(site):
-    handler = partial(SimpleHTTPRequestHandler, directory=str(site))
-    handler.log_message = lambda *args: None
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(site)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/"
@@ -163,9 +165,13 @@ def test_site_in_chromium(site, served, browser):
     page.set_default_timeout(30_000)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(f"{page.url}: {exc}"))
-    page.on("console", lambda msg: errors.append(f"{page.url}: {msg.text}") if msg.type == "error" else None)
+    # (a missing resource is reported below with its address, from the response itself)
+    page.on("console", lambda msg: errors.append(f"{page.url}: {msg.text}")
+            if msg.type == "error" and not msg.text.startswith("Failed to load resource") else None)
     failed: list[str] = []
     page.on("requestfailed", lambda request: failed.append(f"{page.url}: {request.url}"))
+    page.on("response", lambda response: failed.append(f"{page.url}: {response.status} {response.url}")
+            if response.status >= 400 and not response.url.endswith("/favicon.ico") else None)
     for path in _expected_pages(site):
         url = urljoin(served, path.relative_to(site).as_posix())
         response = page.goto(url, wait_until="load")
