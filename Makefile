@@ -9,7 +9,7 @@ NOTEBOOK_DIR ?= .
 # Two test processes; each file (a notebook, the browser module) stays in one process, in order.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup data lab test doctor clean-notebooks exercises bench gpu-check
+.PHONY: setup data lab test doctor clean-notebooks exercises bench gpu-check site cells
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,3 +46,16 @@ bench: data
 # the table goes to benchmarks/results/gpu-<device>.md. Without a GPU it says so in one line.
 gpu-check: setup
 	$(PY) -m course_lib gpu-check $(GPU_CHECK_ARGS)
+
+# The course website: every lesson executed in SITE_MODE (full: the outputs a learner gets, minutes per lesson;
+# smoke: what the tests build), rendered offline to build/site/$(SITE_MODE)/html/index.html. Lessons that did not
+# change since the last build are not executed again.
+SITE_MODE ?= full
+site: setup
+	COURSE_MODE=$(SITE_MODE) $(PY) -m course_lib data prepare
+	COURSE_MODE=$(SITE_MODE) $(PY) -m course_lib.website
+
+# Every notebook's set-up cell and launch links, and the README's, from the library and pyproject.toml (idempotent;
+# run after changing course_lib or [project.urls], and after merging notebook edits).
+cells: setup
+	$(PY) -m course_lib.bootstrap --write-cells

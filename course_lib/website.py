@@ -1,0 +1,283 @@
+"""The course as a static website: the twelve lessons with their outputs, the README as home page, the guides.
+
+``python -m course_lib.website`` (or ``make site``) works in three steps, each in its own folder:
+
+1. **execute** every lesson of ``notebooks/`` with nbclient, in the current ``COURSE_MODE`` (``full`` by default:
+   the numbers, plots and explanations a learner would get; ``smoke`` for CI), into
+   ``.cache/site/<mode>/executed/``. A lesson is executed again only when its notebook, the library, the mode or the
+   torch/Python versions changed (a key file next to it), so rebuilding the site after editing prose costs nothing;
+2. **stage** the pages into ``build/site/<mode>/src/``: README (with the navigation in course order), the executed
+   lessons (set-up cell dropped, live widgets replaced by their final text: a static page cannot run them), and
+   ``docs/*.md``; relative links to files that are not pages point at the repository;
+3. **render** them with Sphinx + myst-nb and the Furo theme (all shipped in wheels: nothing is downloaded at build
+   time; search is Sphinx's own, in the browser) into ``build/site/<mode>/html/``. Open ``index.html``.
+
+Executing in full mode takes as long as running every lesson (minutes each on a laptop CPU); lessons run one at a
+time so their measurements do not compete for the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import html
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from course_lib import bootstrap, mode
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+GUIDES_FIRST = ("coverage.md", "grading.md")  # the syllabus map, then the instructor's guide to exercises/grading
+CONF_DIR = Path("docs") / "site"
+
+
+@dataclass(frozen=True)
+class SiteFolders:
+    """Where each step of a build writes, for one checkout and one mode."""
+
+    root: Path
+    mode: str
+
+    @property
+    def executed(self) -> Path:
+        return self.root / ".cache" / "site" / self.mode / "executed"
+
+    @property
+    def staging(self) -> Path:
+        return self.root / "build" / "site" / self.mode / "src"
+
+    @property
+    def html(self) -> Path:
+        return self.root / "build" / "site" / self.mode / "html"
+
+    @property
+    def doctrees(self) -> Path:
+        return self.root / "build" / "site" / self.mode / "doctrees"
+
+
+def lessons(root: Path) -> list[Path]:
+    """The lessons in course order (``notebooks/NN_topic.ipynb``)."""
+    return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def guides(root: Path) -> list[Path]:
+    """``docs/*.md`` pages: the coverage map and the grading guide first, then the others by name."""
+    pages = sorted((root / "docs").glob("*.md"))
+    return sorted(pages, key=lambda p: (GUIDES_FIRST.index(p.name) if p.name in GUIDES_FIRST else len(GUIDES_FIRST),
+                                        p.name))
+
+
+# --- 1. execute -----------------------------------------------------------------------------------------------------
+def execution_key(lesson: Path, course_mode: str) -> str:
+    """Everything an executed lesson depends on that can change between builds."""
+    import torch
+
+    digest = hashlib.sha256(lesson.read_bytes())
+    digest.update(f"{bootstrap.identity()}|{course_mode}|{torch.__version__}|{platform.python_version()}".encode())
+    return digest.hexdigest()
+
+
+class LessonFailed(RuntimeError):
+    """A lesson raised while being executed for the site (the message has the cell and the traceback)."""
+
+
+def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 900) -> bool:
+    """Execute ``lesson`` into ``out_dir/<name>`` unless an up-to-date copy is there; True when it ran.
+
+    The kernel starts in the lesson's own folder (as in JupyterLab), with the current environment.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    out, key_file = out_dir / lesson.name, out_dir / f"{lesson.stem}.key"
+    key = execution_key(lesson, mode.mode())
+    if not force and out.is_file() and key_file.is_file() and key_file.read_text() == key:
+        return False
+    nb = nbformat.read(lesson, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(lesson.parent)}})
+    # The kernel gets Jupyter's inline backend, so plots become images in the page; a non-interactive backend set for
+    # scripts or tests (MPLBACKEND=Agg) would leave the figures out.
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    try:
+        client.execute(env=env)
+    except CellExecutionError as exc:
+        raise LessonFailed(f"{lesson.name} failed in {mode.mode()} mode:\n{exc}") from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    nbformat.write(nb, partial)
+    partial.replace(out)  # whole or not at all: a killed build never leaves half a notebook behind a valid key
+    key_file.write_text(key)
+    return True
+
+
+# --- 2. stage -------------------------------------------------------------------------------------------------------
+CONTROLS = re.compile(r"(Button|Dropdown|Slider|Checkbox|Select|Text|Textarea|Toggle|RadioButtons|Combobox)Model$")
+LIVE_WIDGET = "(an interactive widget: open the lesson in Jupyter to use it)"
+
+
+def _widget_tree(model_id: str, state: dict[str, Any]) -> list[dict[str, Any]]:
+    model = state.get(model_id, {}).get("state", {})
+    children = [str(c).removeprefix("IPY_MODEL_") for c in model.get("children", [])]
+    return [model, *(m for child in children for m in _widget_tree(child, state))]
+
+
+def _widget_text(model_id: str, state: dict[str, Any]) -> str:
+    """What a widget shows, from the saved widget state: a progress bar's final line; controls cannot be static."""
+    tree = _widget_tree(model_id, state)
+    if any(CONTROLS.search(str(m.get("_model_name", ""))) for m in tree):
+        return LIVE_WIDGET
+    texts = (re.sub(r"<[^>]+>", "", html.unescape(str(m["value"]))).strip()
+             for m in tree if m.get("_model_name") in ("HTMLModel", "LabelModel") and m.get("value"))
+    return " ".join(t for t in texts if t) or LIVE_WIDGET
+
+
+def static_outputs(nb: dict[str, Any]) -> dict[str, Any]:
+    """Replace live widgets by their final text (the page has no kernel) and forget the widget state."""
+    state = nb.get("metadata", {}).pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    for cell in nb["cells"]:
+        for output in cell.get("outputs", []):
+            view = output.get("data", {}).get(WIDGET_VIEW)
+            if view is None:
+                continue
+            text = _widget_text(view.get("model_id", ""), state)
+            output["data"] = {"text/plain": text}
+    return nb
+
+
+def _repository_link(root: Path, config: bootstrap.LaunchConfig, target: Path) -> str:
+    relative = target.resolve().relative_to(root.resolve()).as_posix()
+    kind = "tree" if target.is_dir() else "blob"
+    return f"{config.repository}/{kind}/{config.branch}/{relative}"
+
+
+LINK = re.compile(r"(\]\()(?P<target>[^)\s#]+)(?P<anchor>#[^)\s]*)?(\))")
+
+
+def rewrite_links(text: str, page: Path, root: Path, pages: set[Path], config: bootstrap.LaunchConfig) -> str:
+    """Relative links to repository files that are not pages of the site point at the repository instead."""
+    def replace(match: re.Match[str]) -> str:
+        target = match["target"]
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            return match.group(0)
+        resolved = (page.parent / target).resolve()
+        if resolved == (root / "README.md").resolve():  # the home page is staged as index.md
+            return f"{match[1]}{os.path.relpath(root / 'index.md', page.parent)}{match['anchor'] or ''})"
+        if resolved in pages or not resolved.exists() or root.resolve() not in resolved.parents:
+            return match.group(0)
+        return f"{match[1]}{_repository_link(root, config, resolved)}{match['anchor'] or ''})"
+    return LINK.sub(replace, text)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Unchanged files keep their time stamps, so Sphinx rebuilds only the pages that changed."""
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def _toctree(caption: str, entries: list[str]) -> str:
+    return "\n```{toctree}\n:hidden:\n:caption: " + caption + "\n\n" + "\n".join(entries) + "\n```\n"
+
+
+def stage(root: Path, folders: SiteFolders, executed: list[Path], *, machine: str) -> list[Path]:
+    """Write the Sphinx sources into ``folders.staging``; return the staged files."""
+    config = bootstrap.read_config(root)
+    sources = [root / "README.md", *(root / "notebooks" / p.name for p in executed), *guides(root)]
+    pages = {p.resolve() for p in sources}
+    staged = []
+    for source in sources:
+        relative = Path("index.md") if source.name == "README.md" else source.relative_to(root)
+        target = folders.staging / relative
+        if source.suffix == ".md":
+            text = rewrite_links(source.read_text(encoding="utf-8"), source, root, pages, config)
+            if source.name == "README.md":
+                text += _toctree("Lessons", [f"notebooks/{p.stem}" for p in executed])
+                text += _toctree("Guides", [p.relative_to(root).with_suffix("").as_posix() for p in guides(root)])
+        else:
+            nb = static_outputs(json.loads((folders.executed / source.name).read_text(encoding="utf-8")))
+            nb["cells"] = [c for c in nb["cells"] if c.get("id") != bootstrap.SETUP_CELL_ID]
+            for cell in nb["cells"]:
+                if cell["cell_type"] == "markdown":
+                    cell["source"] = rewrite_links("".join(cell["source"]), source, root, pages, config)
+            note = (f"*This page shows the lesson's outputs from a run in **{folders.mode}** mode on {machine}; "
+                    "yours will differ: every number comes from the machine that runs it.*")
+            nb["cells"].insert(1, {"cell_type": "markdown", "metadata": {}, "source": note})
+            text = json.dumps(nb, indent=1, ensure_ascii=False)
+        _write_if_changed(target, text)
+        staged.append(target)
+    keep = {p.resolve() for p in staged}
+    for stale in [p for p in folders.staging.rglob("*") if p.is_file() and p.resolve() not in keep]:
+        stale.unlink()  # a page removed from the course disappears from the site
+    return staged
+
+
+# --- 3. render ------------------------------------------------------------------------------------------------------
+def render(root: Path, folders: SiteFolders, *, quiet: bool = True) -> Path:
+    """Sphinx: staged sources -> ``folders.html``; returns the path of the warnings log."""
+    from sphinx.cmd.build import build_main
+
+    warnings = folders.html.parent / "warnings.log"
+    args = ["-b", "html", "-c", str(root / CONF_DIR), "-d", str(folders.doctrees), "-w", str(warnings)]
+    if quiet:
+        args.append("-q")
+    status = build_main([*args, str(folders.staging), str(folders.html)])
+    if status:
+        raise RuntimeError(f"sphinx-build failed (exit {status}); see {warnings}")
+    return warnings
+
+
+def machine_summary() -> str:
+    """'a 2-core CPU (x86_64), device cpu': the context a reader needs to read the numbers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"a {cores}-core {platform.machine()} machine, device {bootstrap.device_summary()}"
+
+
+def build(root: Path, *, force: bool = False, only: Sequence[str] = (), quiet: bool = False) -> SiteFolders:
+    """Execute (as needed), stage and render the site for the current mode; returns where it went."""
+    folders = SiteFolders(root=root, mode=mode.mode())
+    chosen = [p for p in lessons(root) if not only or p.name[:2] in only]
+    for lesson in chosen:
+        start = time.perf_counter()
+        ran = execute(lesson, folders.executed, force=force)
+        if not quiet:
+            print(f"{lesson.name}: {'executed in %.0f s' % (time.perf_counter() - start) if ran else 'up to date'}",
+                  flush=True)
+    stage(root, folders, chosen, machine=machine_summary())
+    render(root, folders, quiet=quiet)
+    return folders
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib.website", description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="execute every lesson again, even when up to date")
+    parser.add_argument("--lessons", nargs="*", default=(), metavar="NN", help="only these lessons (a quick preview)")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    root = bootstrap.checkout_root()
+    if root is None:
+        parser.error("the site is built from a clone of the course (course_lib is installed here, not cloned)")
+    start = time.perf_counter()
+    try:
+        folders = build(root, force=args.force, only=args.lessons, quiet=args.quiet)
+    except (LessonFailed, RuntimeError) as exc:
+        print(f"site: {exc}", file=sys.stderr)
+        return 1
+    size = sum(p.stat().st_size for p in folders.html.rglob("*") if p.is_file())
+    print(f"site ({folders.mode} mode) in {folders.html / 'index.html'}: {size / 1e6:.1f} MB, "
+          f"built in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
