@@ -109,6 +109,7 @@ def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 
     # The kernel gets Jupyter's inline backend, so plots become images in the page; a non-interactive backend set for
     # scripts or tests (MPLBACKEND=Agg) would leave the figures out.
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    env["COURSE_UNATTENDED"] = "1"  # nobody answers a page's questions: each reveal is written out in full
     try:
         client.execute(env=env)
     except CellExecutionError as exc:
