@@ -85,6 +85,12 @@ def _python_roots() -> list[Path]:
     return sorted(roots)
 
 
+def _site_packages() -> list[Path]:
+    """Installed-package folders on this interpreter's path (only those: the course's own folders stay out)."""
+    found = {Path(p).resolve() for p in sys.path if p and Path(p).name in ("site-packages", "dist-packages")}
+    return sorted(p for p in found if p.is_dir())
+
+
 def command(argv: list[str], *, scratch: Path, out_dir: Path, package_root: Path,
             readable: Iterable[Path] = ()) -> tuple[list[str], Callable[[str], str]]:
     """The command that runs ``argv`` (a ``python -m ...`` line) isolated, and a function that maps a host
@@ -100,11 +106,12 @@ def command(argv: list[str], *, scratch: Path, out_dir: Path, package_root: Path
         elif link.is_dir():
             flags += ["--ro-bind", str(link), str(link)]
     flags += ["--ro-bind", "/etc", "/etc", "--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
-    for root in _python_roots():
+    flags += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # After /tmp: a virtual environment may live there, and borrow another's site-packages through a path entry.
+    for root in _python_roots() + _site_packages():
         if not str(root).startswith("/usr/"):
             flags += ["--ro-bind", str(root), str(root)]
     flags += ["--ro-bind", str(package_root / "course_lib"), f"{PACKAGE_ROOT}/course_lib"]
-    flags += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in readable:  # after /tmp: an instructor's folder may live there
         if Path(path).exists():
             flags += ["--ro-bind", str(Path(path).resolve()), str(Path(path).resolve())]
