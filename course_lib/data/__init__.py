@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "DatasetUnavailable": "errors", "LoaderConfigError": "errors",
+    "DatasetUnavailable": "errors", "LoaderConfigError": "errors", "DataError": "errors",
     "CLASS_NAMES": "shapes", "generate_shapes": "shapes", "prepare_shapes": "shapes", "shapes_root": "shapes",
     "ImageData": "images", "KeyedImageFolder": "images", "image_transform": "images",
     "load_image_datasets": "images",
@@ -56,7 +56,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eagerly
     from course_lib.data.cifar import KeyedCIFAR10, ensure_cifar10
     from course_lib.data.corpus import generate_text, prepare_text
-    from course_lib.data.errors import DatasetUnavailable, LoaderConfigError
+    from course_lib.data.errors import DataError, DatasetUnavailable, LoaderConfigError
     from course_lib.data.images import ImageData, KeyedImageFolder, image_transform, load_image_datasets
     from course_lib.data.in_memory import DeviceBatcher, ImageTensors, load_image_tensors, to_uint8_tensors
     from course_lib.data.keys import split_key, with_seed

@@ -92,21 +92,23 @@ class ImageData:
 
 
 def load_image_datasets(
-    name: str = "shapes", *, root: str | Path | None = None, augment: bool = True, size: int | None = None
+    name: str = "shapes", *, root: str | Path | None = None, augment: bool = True, size: int | None = None,
+    download: bool | None = None,
 ) -> ImageData:
     """Build the train/val datasets of ``name`` (``"shapes"`` or ``"cifar10"``).
 
     ``size`` is the side length in pixels the model sees (default 32 for both). ``augment=False`` turns off the
     training augmentation (useful to look at the data, or to measure what augmentation costs). ``root``
     overrides the data folder. ``"shapes"`` is generated on first use (tqdm bar); ``"cifar10"`` raises
-    :class:`DatasetUnavailable` with instructions when it is not on disk and cannot be downloaded.
+    :class:`DatasetUnavailable` with instructions when it is not on disk and cannot be downloaded
+    (``download=False``: never try; ``None``: as ``COURSE_ALLOW_DOWNLOAD`` says).
     """
     if size is not None and (not isinstance(size, int) or size < 8):
         raise ValueError(f"load_image_datasets: size={size!r} must be an int >= 8 (side length in pixels).")
     if name == "cifar10":
         from course_lib.data.cifar import load_cifar10
 
-        return load_cifar10(root=root, augment=augment, size=size)
+        return load_cifar10(root=root, augment=augment, size=size, download=download)
     if name != "shapes":
         raise ValueError(f"load_image_datasets: name={name!r} is unknown; use 'shapes' (offline) or 'cifar10'.")
     folder = prepare_shapes(root)
