@@ -14,6 +14,16 @@ What this adds to a plain ``jupyter lab``:
 * **It opens the lesson, not a file browser**: ``notebooks/00_welcome.ipynb`` (JupyterLab's ``default_url``
   ``/lab/tree/<path>``), found relative to ``--notebook-dir``; ``--open`` picks another notebook.
 * **Offline first**: JupyterLab's update check is switched off (it would contact the internet at start-up).
+* **Locked whatever the user's Jupyter config says.** A ``~/.jupyter/jupyter_server_config.py`` with
+  ``c.IdentityProvider.token = ""`` would switch authentication off. The launcher puts
+  :mod:`course_lib.lab_auth` first on ``JUPYTER_CONFIG_PATH`` (the highest-priority config folder), whose config
+  sets the token from ``JUPYTER_TOKEN``; then, before printing the banner, it *checks*: a request without the token
+  must be refused. If it is not (some other setting opened the server), the server is stopped and the launcher
+  refuses with an error naming the user's config folder.
+* **The server dies with its launcher.** It runs in its own process group (kernels included); on Linux the kernel
+  sends it ``SIGTERM`` when the launcher dies, however it dies (``prctl(PR_SET_PDEATHSIG)``, so even ``SIGKILL`` of
+  the launcher leaves no server on the port), and Ctrl-C, ``SIGTERM`` or ``SIGHUP`` of the launcher stop it
+  cleanly.
 
 The pieces are plain functions so they can be tested and reused: :func:`build_command` returns a
 :class:`LabCommand` (argv, extra environment, URL) without starting anything; :func:`main` is the CLI.
@@ -22,6 +32,7 @@ The pieces are plain functions so they can be tested and reused: :func:`build_co
 from __future__ import annotations
 
 import argparse
+import http.client
 import ipaddress
 import os
 import secrets
@@ -29,15 +40,22 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import webbrowser
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+import course_lib.lab_auth
 
 DEFAULT_PORT = 8888
 DEFAULT_IP = "127.0.0.1"
 WELCOME_NOTEBOOK = "notebooks/00_welcome.ipynb"
 # How far above the requested port to look for a free one before giving up.
 PORT_SEARCH_SPAN = 50
+# The folder whose jupyter_server_config.py forces the token (first on JUPYTER_CONFIG_PATH: it wins).
+AUTH_CONFIG_DIR = str(Path(course_lib.lab_auth.__file__).resolve().parent)
+STARTUP_TIMEOUT_S = 180.0
 
 
 class LabError(RuntimeError):
@@ -195,7 +213,9 @@ def build_command(
         # Containers often run everything as root; JupyterLab refuses that unless told. The token still applies.
         argv.insert(3, "--ServerApp.allow_root=True")
         notes.append("running as root (common in containers): allowed, but prefer a normal user account.")
-    env = {"JUPYTER_TOKEN": token}
+    existing = os.environ.get("JUPYTER_CONFIG_PATH")
+    env = {"JUPYTER_TOKEN": token,
+           "JUPYTER_CONFIG_PATH": AUTH_CONFIG_DIR + (os.pathsep + existing if existing else "")}
     host = f"[{ip}]" if ":" in ip else ip
     url = f"http://{host}:{port}{default_url}?token={token}"
     return LabCommand(argv=argv, env=env, url=url, token=token, ip=ip, port=port, notebook_dir=root,
@@ -216,7 +236,7 @@ def banner(cmd: LabCommand, *, requested_port: int | None = None) -> str:
         f"  notebook dir: {cmd.notebook_dir}",
     ]
     lines += [f"  note:         {note}" for note in cmd.notes]
-    lines += ["", "  Stop the lab with Ctrl-C (twice).", "=" * 78, ""]
+    lines += ["", "  Stop the lab with Ctrl-C.", "=" * 78, ""]
     return "\n".join(lines)
 
 
@@ -255,25 +275,130 @@ def main(argv: Sequence[str] | None = None) -> int:
                       allow_remote=args.allow_remote, open_path=args.open_path)
         port = choose_port(args.port, "127.0.0.1" if args.ip == "localhost" else args.ip, strict=args.strict_port)
         cmd = build_command(port=port, notebook_dir=args.notebook_dir, ip=args.ip,
-                            open_browser=not args.no_browser, allow_remote=args.allow_remote,
-                            open_path=args.open_path)
+                            open_browser=False,  # opened by us once the server is verified locked
+                            allow_remote=args.allow_remote, open_path=args.open_path)
     except LabError as err:
         print(f"course lab: {err}", file=sys.stderr)
         return 2
 
     if args.dry_run:
         print(" ".join(cmd.argv))
-        print("environment: JUPYTER_TOKEN=<token>")
+        print(f"environment: JUPYTER_TOKEN=<token> JUPYTER_CONFIG_PATH={cmd.env['JUPYTER_CONFIG_PATH']}")
         print(cmd.url)
         return 0
+    print(f"Starting JupyterLab on port {cmd.port}...", flush=True)
+    process = start_server(cmd)
+    stop = _stopper(process)
+    for name in ("SIGTERM", "SIGHUP"):
+        # A service manager, `timeout` or a closed terminal stops us: stop the server first, then go.
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), lambda *_: sys.exit(stop()))
+    try:
+        wait_until_ready(cmd, process)
+        verify_locked(cmd)
+    except LabError as err:
+        stop()
+        print(f"course lab: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return stop()
     print(banner(cmd, requested_port=args.port), flush=True)
-    process = subprocess.Popen(cmd.argv, env={**os.environ, **cmd.env})
-    if hasattr(signal, "SIGTERM"):
-        # A service manager or `timeout` stops us with SIGTERM: pass it on, so no orphaned server keeps the port.
-        signal.signal(signal.SIGTERM, lambda *_: process.terminate())
+    if not args.no_browser:
+        webbrowser.open(cmd.url)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        print("\nStopping the lab...", flush=True)
+        return stop()
+
+
+# ------------------------------------------------------------------------------------------ the server process
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: on Linux, ask the kernel to SIGTERM this child when its parent (the launcher) dies."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: nothing to import in the child
+    except (OSError, ImportError):  # pragma: no cover - no C library to call
+        libc = None
+
+    def preexec() -> None:
+        if libc is not None and sys.platform.startswith("linux"):
+            libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the launcher died before prctl took effect
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def start_server(cmd: LabCommand) -> subprocess.Popen:
+    """Start the server in its own process group, tied to this process's life (see the module docstring)."""
+    posix = os.name == "posix"
+    return subprocess.Popen(
+        cmd.argv, env={**os.environ, **cmd.env},
+        stdin=subprocess.DEVNULL,  # it never reads the terminal (a background group reading it would be stopped)
+        start_new_session=posix,
+        preexec_fn=_die_with_parent(os.getpid()) if posix else None,
+    )
+
+
+def _stopper(process: subprocess.Popen, grace: float = 10.0) -> Callable[[], int]:
+    """A function that stops the server's whole process group (kernels included): SIGTERM, then SIGKILL."""
+    def stop() -> int:
+        if process.poll() is None:
+            try:
+                if os.name == "posix":
+                    os.killpg(process.pid, signal.SIGTERM)
+                else:  # pragma: no cover
+                    process.terminate()
+                process.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            except ProcessLookupError:
+                pass
+        return 0
+
+    return stop
+
+
+def _http_status(cmd: LabCommand, path: str, token: str | None, timeout: float = 3.0) -> int:
+    """The HTTP status of ``GET path`` (redirects are *not* followed: a redirect to the login page is a refusal)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "localhost": "127.0.0.1"}.get(cmd.ip, cmd.ip)
+    connection = http.client.HTTPConnection(host, cmd.port, timeout=timeout)
+    try:
+        connection.request("GET", path, headers={"Authorization": f"token {token}"} if token else {})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def wait_until_ready(cmd: LabCommand, process: subprocess.Popen, timeout: float = STARTUP_TIMEOUT_S) -> None:
+    """Wait until the server answers an authenticated request; :class:`LabError` if it exits or never answers."""
+    deadline = time.monotonic() + timeout
     while True:
+        if process.poll() is not None:
+            raise LabError(f"JupyterLab exited with code {process.returncode} before it was ready; its messages above "
+                           f"say why.")
         try:
-            return process.wait()
-        except KeyboardInterrupt:
-            # The terminal sends Ctrl-C to JupyterLab too; it asks for confirmation or shuts down by itself.
-            continue
+            if _http_status(cmd, "/api/status", cmd.token) == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise LabError(f"JupyterLab did not answer on port {cmd.port} within {timeout:.0f} s.")
+        time.sleep(0.25)
+
+
+def verify_locked(cmd: LabCommand) -> None:
+    """Raise :class:`LabError` unless a request *without* the token is refused (401/403, or a redirect to login)."""
+    status = _http_status(cmd, "/api/contents", None)
+    if status in (401, 403) or 300 <= status < 400:
+        return
+    config_dir = os.environ.get("JUPYTER_CONFIG_DIR") or str(Path.home() / ".jupyter")
+    raise LabError(
+        f"the server answered a request without the token (HTTP {status}): something in your Jupyter configuration "
+        f"switches authentication off, so anyone who can reach port {cmd.port} could run code as you. The server "
+        f"was stopped. Remove the setting (look for token, password, identity_provider_class or authorizer_class in "
+        f"{config_dir}/jupyter_server_config.py or .json) and start the lab again."
+    )
