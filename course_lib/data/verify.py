@@ -74,16 +74,16 @@ def _scan(root: Path, meta: dict, *, checksums: bool) -> DataReport:
     for split in SPLITS:
         split_dir = root / split
         present = sorted(p.name for p in split_dir.iterdir()) if split_dir.is_dir() else []
-        for name in present:
-            if name not in classes or not (split_dir / name).is_dir():
-                report.extra.append(f"{split}/{name}" + ("/" if (split_dir / name).is_dir() else ""))
+        for name in present:  # every folder here becomes a class (hidden ones too): only the listed may exist
+            if name not in classes and (split_dir / name).is_dir():
+                report.extra.append(f"{split}/{name}/")
         for name in classes:
             folder = split_dir / name
             if not folder.is_dir():
                 continue
             listed = {k.rsplit("/", 1)[1] for k in manifest if k.startswith(f"{split}/{name}/")}
             for entry in sorted(os.listdir(folder)):
-                if entry not in listed:
+                if entry not in listed and not entry.startswith("."):  # .DS_Store and the like are no samples
                     report.extra.append(f"{split}/{name}/{entry}")
     for relative, (size, crc) in manifest.items():
         path = root / relative
