@@ -288,28 +288,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(f"Starting JupyterLab on port {cmd.port}...", flush=True)
     process = start_server(cmd)
-    stop = _stopper(process)
+    stopping: dict[str, float] = {}
+
+    def request_stop(*_: object) -> None:
+        """Ask the server's whole group to stop (signal handlers only signal: the main loop does the waiting)."""
+        if "since" not in stopping:
+            stopping["since"] = time.monotonic()
+            _signal_group(process, signal.SIGTERM)
+
     for name in ("SIGTERM", "SIGHUP"):
-        # A service manager, `timeout` or a closed terminal stops us: stop the server first, then go.
+        # A service manager, `timeout` or a closed terminal stops us: the server goes first.
         if hasattr(signal, name):
-            signal.signal(getattr(signal, name), lambda *_: sys.exit(stop()))
+            signal.signal(getattr(signal, name), request_stop)
     try:
         wait_until_ready(cmd, process)
         verify_locked(cmd)
     except LabError as err:
-        stop()
-        print(f"course lab: error: {err}", file=sys.stderr)
-        return 1
+        asked_to_stop = bool(stopping)  # a signal during start-up: stopping is what was wanted, not an error
+        if not asked_to_stop:
+            print(f"course lab: error: {err}", file=sys.stderr)
+        request_stop()
+        _reap(process, stopping, request_stop)
+        return 0 if asked_to_stop else 1
     except KeyboardInterrupt:
-        return stop()
+        request_stop()
+        return _reap(process, stopping, request_stop)
     print(banner(cmd, requested_port=args.port), flush=True)
     if not args.no_browser:
         webbrowser.open(cmd.url)
-    try:
-        return process.wait()
-    except KeyboardInterrupt:
-        print("\nStopping the lab...", flush=True)
-        return stop()
+    return _reap(process, stopping, request_stop)
 
 
 # ------------------------------------------------------------------------------------------ the server process
@@ -342,24 +349,34 @@ def start_server(cmd: LabCommand) -> subprocess.Popen:
     )
 
 
-def _stopper(process: subprocess.Popen, grace: float = 10.0) -> Callable[[], int]:
-    """A function that stops the server's whole process group (kernels included): SIGTERM, then SIGKILL."""
-    def stop() -> int:
-        if process.poll() is None:
-            try:
-                if os.name == "posix":
-                    os.killpg(process.pid, signal.SIGTERM)
-                else:  # pragma: no cover
-                    process.terminate()
-                process.wait(grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            except ProcessLookupError:
-                pass
-        return 0
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    """Send ``signum`` to the server's process group (the server and its kernels)."""
+    try:
+        if os.name == "posix":
+            os.killpg(process.pid, signum)
+        else:  # pragma: no cover
+            process.terminate()
+    except ProcessLookupError:
+        pass
 
-    return stop
+
+def _reap(process: subprocess.Popen, stopping: dict[str, float], request_stop: Callable[[], None],
+          grace: float = 10.0) -> int:
+    """Wait for the server to exit; Ctrl-C asks it to stop; a stop that takes over ``grace`` s becomes SIGKILL.
+
+    Returns 0 after a requested stop, else the server's own exit code.
+    """
+    while True:
+        try:
+            code = process.wait(timeout=0.5)
+            return 0 if stopping else code
+        except subprocess.TimeoutExpired:
+            if "since" in stopping and time.monotonic() - stopping["since"] > grace:
+                _signal_group(process, signal.SIGKILL)
+        except KeyboardInterrupt:
+            if "since" not in stopping:
+                print("\nStopping the lab...", flush=True)
+            request_stop()
 
 
 def _http_status(cmd: LabCommand, path: str, token: str | None, timeout: float = 3.0) -> int:

@@ -166,9 +166,11 @@ def _port_answers(port: int) -> bool:
 
 
 @pytest.mark.slow
-def test_lab_stays_locked_with_a_token_emptying_user_config_and_dies_with_its_launcher(tmp_path):
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
+def test_lab_stays_locked_with_a_token_emptying_user_config_and_dies_with_its_launcher(tmp_path, how):
     """A user config with ``c.IdentityProvider.token = ""`` (which alone turns authentication off) cannot open the
-    course lab; and SIGKILL of the launcher takes the server down with it."""
+    course lab; and SIGKILL (no clean-up possible) or SIGHUP (terminal closed) of the launcher takes the server
+    down with it."""
     home = tmp_path / "home"
     user_config = home / ".jupyter"
     user_config.mkdir(parents=True)
@@ -199,8 +201,8 @@ def test_lab_stays_locked_with_a_token_emptying_user_config_and_dies_with_its_la
         base = f"http://127.0.0.1:{port}"
         assert get_status(base, None)[0] == 403, "the user config must not switch authentication off"
         assert get_status(base, token)[0] == 200
-        launcher.kill()  # SIGKILL: the launcher gets no chance to clean up
-        launcher.wait()
+        launcher.send_signal(getattr(signal, how))
+        launcher.wait(60)
         deadline = time.monotonic() + 60
         while _port_answers(port):
             assert time.monotonic() < deadline, "the server outlived its launcher by 60 s"
