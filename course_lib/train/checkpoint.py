@@ -26,6 +26,7 @@ import pickle
 import random
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Sequence
 
@@ -210,16 +211,18 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     except Exception as exc:  # truncated zip, garbage bytes, foreign pickle...
         # torch's own message suggests retrying with weights_only=False, i.e. running whatever code the file holds:
         # never repeat that advice for a file that failed these checks.
-        if isinstance(exc, pickle.UnpicklingError):
+        if path.stat().st_size == 0:
+            why = "it is empty (an interrupted copy, or a truncated or corrupted file)"
+        elif not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-off one has no directory
+            why = "it is not a complete PyTorch checkpoint (truncated, corrupted, or another kind of file)"
+        elif isinstance(exc, pickle.UnpicklingError):
             why = "it holds objects other than tensors and plain values, so it is not a checkpoint of this course"
-        elif path.stat().st_size == 0:
-            why = "it is empty (a write was interrupted, or the file was truncated)"
         else:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             detail = "" if "weights_only" in first else f": {first}"
-            why = f"it is truncated or corrupted ({type(exc).__name__}{detail})"
+            why = f"it is corrupted ({type(exc).__name__}{detail})"
         raise CheckpointError(
-            f"checkpoint {path} cannot be read: {why}. Move it away and start over with --overwrite, or restore a backup."
+            f"checkpoint {path} cannot be read: {why}. Start over with --overwrite (replaces it), or restore a backup."
         ) from None
     if not isinstance(payload, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(payload).__name__}, not a checkpoint dict.")
