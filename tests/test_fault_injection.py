@@ -216,16 +216,19 @@ def driver(root: Path, trials: int, seed: int) -> None:
             attempts += 1
             assert attempts < 10, "a trial did not finish"
             marker = root / f"killed{trial}-{attempts}"
+            early = len(events) // 2  # a first kill in the first half leaves a second one room to land
             if len(kills) >= n_kills:
                 kill_at, timer = None, None
+            elif kills:  # the second kill: early in the resumed run (metrics rewrite, rename, first steps)
+                kill_at, timer = rng.randint(1, 6), None
             elif trial % 4 == 1:  # aimed at the middle of a checkpoint write
-                kill_at, timer = rng.choice(by_kind["checkpoint-bytes"][: len(by_kind["checkpoint-bytes"]) // 2]), None
+                kill_at, timer = rng.choice([k for k in by_kind["checkpoint-bytes"] if k <= early]), None
             elif trial % 4 == 2:  # around the atomic rename and fsync
-                kill_at, timer = rng.choice(by_kind["rename"] + by_kind["fsync"]), None
+                kill_at, timer = rng.choice([k for k in by_kind["rename"] + by_kind["fsync"] if k <= early]), None
             elif trial % 4 == 3:  # at a random moment, from outside
-                kill_at, timer = None, rng.uniform(0.05, 0.9) * duration
+                kill_at, timer = None, rng.uniform(0.05, 0.5) * duration
             else:  # at any fault point
-                kill_at, timer = rng.randint(1, len(events) // 2), None
+                kill_at, timer = rng.randint(1, early), None
             pid = _attempt(out, kill_at, marker)
             if timer is not None:
                 time.sleep(timer)
