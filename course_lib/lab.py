@@ -14,6 +14,16 @@ What this adds to a plain ``jupyter lab``:
 * **It opens the lesson, not a file browser**: ``notebooks/00_welcome.ipynb`` (JupyterLab's ``default_url``
   ``/lab/tree/<path>``), found relative to ``--notebook-dir``; ``--open`` picks another notebook.
 * **Offline first**: JupyterLab's update check is switched off (it would contact the internet at start-up).
+* **Locked whatever the user's Jupyter config says.** A ``~/.jupyter/jupyter_server_config.py`` with
+  ``c.IdentityProvider.token = ""`` would switch authentication off. The launcher puts
+  :mod:`course_lib.lab_auth` first on ``JUPYTER_CONFIG_PATH`` (the highest-priority config folder), whose config
+  sets the token from ``JUPYTER_TOKEN``; then, before printing the banner, it *checks*: a request without the token
+  must be refused. If it is not (some other setting opened the server), the server is stopped and the launcher
+  refuses with an error naming the user's config folder.
+* **The server dies with its launcher.** It runs in its own process group (kernels included); on Linux the kernel
+  sends it ``SIGTERM`` when the launcher dies, however it dies (``prctl(PR_SET_PDEATHSIG)``, so even ``SIGKILL`` of
+  the launcher leaves no server on the port), and Ctrl-C, ``SIGTERM`` or ``SIGHUP`` of the launcher stop it
+  cleanly.
 
 The pieces are plain functions so they can be tested and reused: :func:`build_command` returns a
 :class:`LabCommand` (argv, extra environment, URL) without starting anything; :func:`main` is the CLI.
@@ -22,6 +32,7 @@ The pieces are plain functions so they can be tested and reused: :func:`build_co
 from __future__ import annotations
 
 import argparse
+import http.client
 import ipaddress
 import os
 import secrets
@@ -29,9 +40,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import webbrowser
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+import course_lib.lab_auth
 
 from course_lib.labsettings import ensure_widget_state_saved
 
@@ -40,6 +55,9 @@ DEFAULT_IP = "127.0.0.1"
 WELCOME_NOTEBOOK = "notebooks/00_welcome.ipynb"
 # How far above the requested port to look for a free one before giving up.
 PORT_SEARCH_SPAN = 50
+# The folder whose jupyter_server_config.py forces the token (first on JUPYTER_CONFIG_PATH: it wins).
+AUTH_CONFIG_DIR = str(Path(course_lib.lab_auth.__file__).resolve().parent)
+STARTUP_TIMEOUT_S = 180.0
 
 
 class LabError(RuntimeError):
@@ -197,7 +215,9 @@ def build_command(
         # Containers often run everything as root; JupyterLab refuses that unless told. The token still applies.
         argv.insert(3, "--ServerApp.allow_root=True")
         notes.append("running as root (common in containers): allowed, but prefer a normal user account.")
-    env = {"JUPYTER_TOKEN": token}
+    existing = os.environ.get("JUPYTER_CONFIG_PATH")
+    env = {"JUPYTER_TOKEN": token,
+           "JUPYTER_CONFIG_PATH": AUTH_CONFIG_DIR + (os.pathsep + existing if existing else "")}
     host = f"[{ip}]" if ":" in ip else ip
     url = f"http://{host}:{port}{default_url}?token={token}"
     return LabCommand(argv=argv, env=env, url=url, token=token, ip=ip, port=port, notebook_dir=root,
@@ -218,7 +238,7 @@ def banner(cmd: LabCommand, *, requested_port: int | None = None) -> str:
         f"  notebook dir: {cmd.notebook_dir}",
     ]
     lines += [f"  note:         {note}" for note in cmd.notes]
-    lines += ["", "  Stop the lab with Ctrl-C (twice).", "=" * 78, ""]
+    lines += ["", "  Stop the lab with Ctrl-C.", "=" * 78, ""]
     return "\n".join(lines)
 
 
@@ -257,26 +277,148 @@ def main(argv: Sequence[str] | None = None) -> int:
                       allow_remote=args.allow_remote, open_path=args.open_path)
         port = choose_port(args.port, "127.0.0.1" if args.ip == "localhost" else args.ip, strict=args.strict_port)
         cmd = build_command(port=port, notebook_dir=args.notebook_dir, ip=args.ip,
-                            open_browser=not args.no_browser, allow_remote=args.allow_remote,
-                            open_path=args.open_path)
+                            open_browser=False,  # opened by us once the server is verified locked
+                            allow_remote=args.allow_remote, open_path=args.open_path)
     except LabError as err:
         print(f"course lab: {err}", file=sys.stderr)
         return 2
 
     if args.dry_run:
         print(" ".join(cmd.argv))
-        print("environment: JUPYTER_TOKEN=<token>")
+        print(f"environment: JUPYTER_TOKEN=<token> JUPYTER_CONFIG_PATH={cmd.env['JUPYTER_CONFIG_PATH']}")
         print(cmd.url)
         return 0
     ensure_widget_state_saved()  # saved lessons reopen with their widgets, not "model not found"
+    print(f"Starting JupyterLab on port {cmd.port}...", flush=True)
+    process = start_server(cmd)
+    stopping: dict[str, float] = {}
+
+    def request_stop(*_: object) -> None:
+        """Ask the server's whole group to stop (signal handlers only signal: the main loop does the waiting)."""
+        if "since" not in stopping:
+            stopping["since"] = time.monotonic()
+            _signal_group(process, signal.SIGTERM)
+
+    for name in ("SIGTERM", "SIGHUP"):
+        # A service manager, `timeout` or a closed terminal stops us: the server goes first.
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), request_stop)
+    try:
+        wait_until_ready(cmd, process)
+        verify_locked(cmd)
+    except LabError as err:
+        asked_to_stop = bool(stopping)  # a signal during start-up: stopping is what was wanted, not an error
+        if not asked_to_stop:
+            print(f"course lab: error: {err}", file=sys.stderr)
+        request_stop()
+        _reap(process, stopping, request_stop)
+        return 0 if asked_to_stop else 1
+    except KeyboardInterrupt:
+        request_stop()
+        return _reap(process, stopping, request_stop)
     print(banner(cmd, requested_port=args.port), flush=True)
-    process = subprocess.Popen(cmd.argv, env={**os.environ, **cmd.env})
-    if hasattr(signal, "SIGTERM"):
-        # A service manager or `timeout` stops us with SIGTERM: pass it on, so no orphaned server keeps the port.
-        signal.signal(signal.SIGTERM, lambda *_: process.terminate())
+    if not args.no_browser:
+        webbrowser.open(cmd.url)
+    return _reap(process, stopping, request_stop)
+
+
+# ------------------------------------------------------------------------------------------ the server process
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: on Linux, ask the kernel to SIGTERM this child when its parent (the launcher) dies."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: nothing to import in the child
+    except (OSError, ImportError):  # pragma: no cover - no C library to call
+        libc = None
+
+    def preexec() -> None:
+        if libc is not None and sys.platform.startswith("linux"):
+            libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the launcher died before prctl took effect
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def start_server(cmd: LabCommand) -> subprocess.Popen:
+    """Start the server in its own process group, tied to this process's life (see the module docstring)."""
+    posix = os.name == "posix"
+    return subprocess.Popen(
+        cmd.argv, env={**os.environ, **cmd.env},
+        stdin=subprocess.DEVNULL,  # it never reads the terminal (a background group reading it would be stopped)
+        start_new_session=posix,
+        preexec_fn=_die_with_parent(os.getpid()) if posix else None,
+    )
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    """Send ``signum`` to the server's process group (the server and its kernels)."""
+    try:
+        if os.name == "posix":
+            os.killpg(process.pid, signum)
+        else:  # pragma: no cover
+            process.terminate()
+    except ProcessLookupError:
+        pass
+
+
+def _reap(process: subprocess.Popen, stopping: dict[str, float], request_stop: Callable[[], None],
+          grace: float = 10.0) -> int:
+    """Wait for the server to exit; Ctrl-C asks it to stop; a stop that takes over ``grace`` s becomes SIGKILL.
+
+    Returns 0 after a requested stop, else the server's own exit code.
+    """
     while True:
         try:
-            return process.wait()
+            code = process.wait(timeout=0.5)
+            return 0 if stopping else code
+        except subprocess.TimeoutExpired:
+            if "since" in stopping and time.monotonic() - stopping["since"] > grace:
+                _signal_group(process, signal.SIGKILL)
         except KeyboardInterrupt:
-            # The terminal sends Ctrl-C to JupyterLab too; it asks for confirmation or shuts down by itself.
-            continue
+            if "since" not in stopping:
+                print("\nStopping the lab...", flush=True)
+            request_stop()
+
+
+def _http_status(cmd: LabCommand, path: str, token: str | None, timeout: float = 3.0) -> int:
+    """The HTTP status of ``GET path`` (redirects are *not* followed: a redirect to the login page is a refusal)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "localhost": "127.0.0.1"}.get(cmd.ip, cmd.ip)
+    connection = http.client.HTTPConnection(host, cmd.port, timeout=timeout)
+    try:
+        connection.request("GET", path, headers={"Authorization": f"token {token}"} if token else {})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def wait_until_ready(cmd: LabCommand, process: subprocess.Popen, timeout: float = STARTUP_TIMEOUT_S) -> None:
+    """Wait until the server answers an authenticated request; :class:`LabError` if it exits or never answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise LabError(f"JupyterLab exited with code {process.returncode} before it was ready; its messages above "
+                           f"say why.")
+        try:
+            if _http_status(cmd, "/api/status", cmd.token) == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise LabError(f"JupyterLab did not answer on port {cmd.port} within {timeout:.0f} s.")
+        time.sleep(0.25)
+
+
+def verify_locked(cmd: LabCommand) -> None:
+    """Raise :class:`LabError` unless a request *without* the token is refused (401/403, or a redirect to login)."""
+    status = _http_status(cmd, "/api/contents", None)
+    if status in (401, 403) or 300 <= status < 400:
+        return
+    config_dir = os.environ.get("JUPYTER_CONFIG_DIR") or str(Path.home() / ".jupyter")
+    raise LabError(
+        f"the server answered a request without the token (HTTP {status}): something in your Jupyter configuration "
+        f"switches authentication off, so anyone who can reach port {cmd.port} could run code as you. The server "
+        f"was stopped. Remove the setting (look for token, password, identity_provider_class or authorizer_class in "
+        f"{config_dir}/jupyter_server_config.py or .json) and start the lab again."
+    )

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +114,103 @@ def test_real_server_requires_the_token(tmp_path):
         assert get_status(server.command.base_url, None)[0] == 403
         assert get_status(server.command.base_url, "wrong-token")[0] == 403
     assert server.process.poll() is not None, "the server must be stopped after the test"
+
+
+# ---------------------------------------------------------------------------------- locked whatever the config
+def _serve_status(status: int):
+    """A throw-away HTTP server answering every GET with ``status`` (stands in for a misconfigured lab)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            self.send_response(status)
+            if 300 <= status < 400:
+                self.send_header("Location", "/login")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("status, locked", [(403, True), (401, True), (302, True), (200, False)])
+def test_verify_locked_refuses_a_server_that_answers_without_the_token(tmp_path, status, locked):
+    server = _serve_status(status)
+    try:
+        cmd = lab.build_command(port=server.server_address[1], notebook_dir=tmp_path)
+        if locked:
+            lab.verify_locked(cmd)
+        else:
+            with pytest.raises(lab.LabError, match="without the token"):
+                lab.verify_locked(cmd)
+    finally:
+        server.shutdown()
+
+
+def test_the_course_config_comes_first_on_the_jupyter_config_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", "/somewhere/else")
+    cmd = lab.build_command(notebook_dir=tmp_path)
+    first, rest = cmd.env["JUPYTER_CONFIG_PATH"].split(os.pathsep, 1)
+    assert first == lab.AUTH_CONFIG_DIR and rest == "/somewhere/else"
+    assert "IdentityProvider.token" in (Path(first) / "jupyter_server_config.py").read_text()
+
+
+def _port_answers(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
+def test_lab_stays_locked_with_a_token_emptying_user_config_and_dies_with_its_launcher(tmp_path, how):
+    """A user config with ``c.IdentityProvider.token = ""`` (which alone turns authentication off) cannot open the
+    course lab; and SIGKILL (no clean-up possible) or SIGHUP (terminal closed) of the launcher takes the server
+    down with it."""
+    home = tmp_path / "home"
+    user_config = home / ".jupyter"
+    user_config.mkdir(parents=True)
+    (user_config / "jupyter_server_config.py").write_text('c.IdentityProvider.token = ""\n')
+    root = _notebook_tree(tmp_path / "root")
+    port = lab.free_port()
+    env = {**os.environ, "HOME": str(home), "JUPYTER_CONFIG_DIR": str(user_config),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws"),
+           "PYTHONPATH": str(Path(lab.__file__).resolve().parents[1])}
+    env.pop("JUPYTER_TOKEN", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "course_lib", "lab", "--port", str(port), "--strict-port", "--no-browser",
+         "--notebook-dir", str(root)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    try:
+        assert launcher.stdout is not None
+        deadline = time.monotonic() + 240
+        token = None
+        while token is None:
+            line = launcher.stdout.readline()
+            assert line or launcher.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "no banner within 240 s:\n" + "".join(lines)
+            lines.append(line)
+            if line.strip().startswith("token:"):
+                token = line.split(":", 1)[1].strip()
+        base = f"http://127.0.0.1:{port}"
+        assert get_status(base, None)[0] == 403, "the user config must not switch authentication off"
+        assert get_status(base, token)[0] == 200
+        launcher.send_signal(getattr(signal, how))
+        launcher.wait(60)
+        deadline = time.monotonic() + 60
+        while _port_answers(port):
+            assert time.monotonic() < deadline, "the server outlived its launcher by 60 s"
+            time.sleep(0.5)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)  # whatever is left of its group (nothing, when all went well)
+        except ProcessLookupError:
+            pass

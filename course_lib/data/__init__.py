@@ -3,6 +3,7 @@
 Files, one idea each:
 
 * ``shapes.py``    generate the offline JPEG dataset (coloured shapes, deterministic from a seed)
+* ``verify.py``    check a generated dataset against its manifest (classes, sizes, CRC-32) and repair it
 * ``images.py``    image datasets that decode + augment in ``__getitem__``; :func:`load_image_datasets`
 * ``cifar.py``     CIFAR-10 through torchvision (offline-first, clear error when absent)
 * ``corpus.py``    a generated text corpus (template grammar, one story per line)
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "DatasetUnavailable": "errors", "LoaderConfigError": "errors",
+    "DatasetUnavailable": "errors", "LoaderConfigError": "errors", "DataError": "errors",
+    "DataReport": "verify", "check_shapes": "verify", "repair_shapes": "verify", "verify_shapes": "verify",
     "CLASS_NAMES": "shapes", "generate_shapes": "shapes", "prepare_shapes": "shapes", "shapes_root": "shapes",
     "ImageData": "images", "KeyedImageFolder": "images", "image_transform": "images",
     "load_image_datasets": "images",
@@ -56,11 +58,12 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eagerly
     from course_lib.data.cifar import KeyedCIFAR10, ensure_cifar10
     from course_lib.data.corpus import generate_text, prepare_text
-    from course_lib.data.errors import DatasetUnavailable, LoaderConfigError
+    from course_lib.data.errors import DataError, DatasetUnavailable, LoaderConfigError
     from course_lib.data.images import ImageData, KeyedImageFolder, image_transform, load_image_datasets
     from course_lib.data.in_memory import DeviceBatcher, ImageTensors, load_image_tensors, to_uint8_tensors
     from course_lib.data.keys import split_key, with_seed
     from course_lib.data.loaders import make_loader, seed_worker
     from course_lib.data.sampler import ResumableSampler, aug_seed_for
     from course_lib.data.shapes import CLASS_NAMES, generate_shapes, prepare_shapes, shapes_root
+    from course_lib.data.verify import DataReport, check_shapes, repair_shapes, verify_shapes
     from course_lib.data.text import IGNORE_INDEX, CharLinesDataset, TextData, load_text_datasets, pad_collate

@@ -74,8 +74,12 @@ def cifar_present(root: Path) -> bool:
     return all((folder / name).is_file() for name, _ in CIFAR10.train_list + CIFAR10.test_list)
 
 
-def ensure_cifar10(root: str | Path | None = None) -> Path:
-    """Make sure CIFAR-10 is extracted under ``root``; raise :class:`DatasetUnavailable` (quickly) if it cannot be."""
+def ensure_cifar10(root: str | Path | None = None, *, download: bool | None = None) -> Path:
+    """Make sure CIFAR-10 is extracted under ``root``; raise :class:`DatasetUnavailable` (quickly) if it cannot be.
+
+    ``download``: ``None`` follows ``COURSE_ALLOW_DOWNLOAD``; ``False`` never downloads (the training command line,
+    which points at ``python -m course_lib data prepare --which cifar10`` instead).
+    """
     root = cifar_root(root)
     if cifar_present(root):
         return root
@@ -84,6 +88,8 @@ def ensure_cifar10(root: str | Path | None = None) -> Path:
         if cifar_present(root):
             return root
         raise DatasetUnavailable(_how_to_provide(root, f"{root / ARCHIVE} did not contain the expected files."))
+    if download is False:
+        raise DatasetUnavailable(_how_to_provide(root, f"it is not in {root}, and this command does not download."))
     if not downloads_allowed():
         raise DatasetUnavailable(_how_to_provide(root, f"it is not in {root} and COURSE_ALLOW_DOWNLOAD=0."))
     previous = socket.getdefaulttimeout()
@@ -98,9 +104,10 @@ def ensure_cifar10(root: str | Path | None = None) -> Path:
     return root
 
 
-def load_cifar10(*, root: str | Path | None = None, augment: bool = True, size: int | None = None) -> ImageData:
+def load_cifar10(*, root: str | Path | None = None, augment: bool = True, size: int | None = None,
+                 download: bool | None = None) -> ImageData:
     """CIFAR-10 train/val (the official test split) as keyed datasets; see :func:`load_image_datasets`."""
-    folder = ensure_cifar10(root)
+    folder = ensure_cifar10(root, download=download)
     size = size or 32
     train = KeyedCIFAR10(str(folder), train=True, download=False,
                          transform=image_transform(size, CIFAR10_MEAN, CIFAR10_STD, augment=augment, crop="pad"))

@@ -1,7 +1,9 @@
 """``python -m course_lib data prepare|info``: generate the offline data once, or show where it lives.
 
-``prepare`` is what ``make lab`` and ``make test`` run first; when the data is already complete it only reads
-two small marker files, so it costs well under a second.
+``prepare`` is what ``make lab`` and ``make test`` run first: it generates what is missing, then verifies the
+shapes against their manifest (class folders, file sizes and CRC-32s: well under a second) and repairs whatever is
+damaged, saying what it repaired. ``info`` reports what is on disk, damage included, never just what
+``meta.json`` claims.
 """
 
 from __future__ import annotations
@@ -38,7 +40,22 @@ def prepare(which: list[str], quiet: bool) -> int:
 
     for name in which:
         if name == "shapes":
+            from course_lib.data.errors import DataError
+            from course_lib.data.verify import repair_shapes, verify_shapes
+
             path = prepare_shapes(progress=not quiet)
+            try:
+                damage = repair_shapes(path)
+                after = verify_shapes(path)
+            except DataError as error:
+                print(f"error: {error}", file=sys.stderr)
+                return 1
+            if not damage.ok:
+                print(f"shapes: repaired {path} ({damage.summary()})", file=sys.stderr)
+            if not after.ok:
+                print(f"error: shapes in {path} are still damaged after the repair ({after.summary()}); delete "
+                      f"{path} and run this command again.", file=sys.stderr)
+                return 1
         elif name == "text":
             path = prepare_text()
         else:
@@ -61,13 +78,26 @@ def info() -> int:
     from course_lib.data.shapes import META_FILE, shapes_root
 
     print(f"mode: {mode.mode()}    data dir: {mode.data_dir()}  (COURSE_DATA_DIR)")
+    from course_lib.data.errors import DataError
+    from course_lib.data.verify import verify_shapes
+
     shapes = shapes_root()
     if (shapes / META_FILE).is_file():
         meta = json.loads((shapes / META_FILE).read_text())
         files, size = _folder_size(shapes)
-        print(f"shapes:  {shapes}\n  {meta['counts']['train']} train / {meta['counts']['val']} val JPEGs, "
+        on_disk = {split: sum(1 for _ in (shapes / split).rglob("*.jpg")) if (shapes / split).is_dir() else 0
+                   for split in ("train", "val")}
+        print(f"shapes:  {shapes}\n  {on_disk['train']} train / {on_disk['val']} val JPEGs on disk "
+              f"(generated: {meta['counts']['train']} / {meta['counts']['val']}), "
               f"{meta['image_size']}x{meta['image_size']} px stored, {files} files, {size / 1e6:.1f} MB")
         print(f"  classes ({len(meta['class_names'])}): {', '.join(sorted(meta['class_names']))}")
+        try:
+            report = verify_shapes(shapes)
+            state = "verified: every file matches the manifest" if report.ok else (
+                f"DAMAGED: {report.summary()}; repair with `python -m course_lib data prepare`")
+        except DataError as error:
+            state = f"cannot verify: {error}"
+        print(f"  {state}")
     else:
         print(f"shapes:  {shapes}  (not generated yet: python -m course_lib data prepare)")
     text = text_root()

@@ -1,6 +1,6 @@
-"""The two errors the data layer raises, so callers can catch them by name.
+"""The errors the data layer raises, so callers can catch them by name.
 
-Both are raised *before* any work starts (no half-built loader, no half-downloaded file), and their message
+They are raised *before* any work starts (no half-built loader, no half-downloaded file), and their message
 always says which value was wrong, why, and what to do instead.
 """
 
@@ -17,3 +17,10 @@ class DatasetUnavailable(RuntimeError):
 
 class LoaderConfigError(ValueError):
     """An argument of :func:`course_lib.data.make_loader` is invalid (the message names the argument)."""
+
+
+class DataError(ValueError):
+    """A dataset on disk is damaged or inconsistent (a missing/extra class folder, a truncated file...).
+
+    The message names the file or folder and says how to repair it (``python -m course_lib data prepare``).
+    """

@@ -21,8 +21,10 @@ from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
+from course_lib.data.errors import DataError
 from course_lib.data.keys import split_key, with_seed
 from course_lib.data.shapes import SHAPES_IMAGE_SIZE, prepare_shapes, read_meta
+from course_lib.data.verify import check_shapes
 
 
 def image_transform(
@@ -60,10 +62,17 @@ class KeyedImageFolder(ImageFolder):
         super().__init__(str(root), transform=transform)
 
     def load_image(self, index: int) -> tuple[Image.Image, int]:
-        """Read and decode one JPEG (no augmentation): the raw ``(PIL image, label)``."""
+        """Read and decode one JPEG (no augmentation): the raw ``(PIL image, label)``.
+
+        A file that cannot be decoded raises :class:`DataError` naming it (PIL's own message does not).
+        """
         path, label = self.samples[index]
-        with Image.open(path) as image:
-            return image.convert("RGB"), label
+        try:
+            with Image.open(path) as image:
+                return image.convert("RGB"), label
+        except (OSError, SyntaxError, ValueError) as exc:  # PIL raises these for truncated or foreign files
+            raise DataError(f"{path} cannot be decoded ({exc}); the file is damaged. Repair the data with "
+                            "`python -m course_lib data prepare`, or replace that file.") from None
 
     def __getitem__(self, key: Any) -> tuple[torch.Tensor, int]:  # type: ignore[override]
         index, aug_seed = split_key(key, len(self.samples))
@@ -92,28 +101,35 @@ class ImageData:
 
 
 def load_image_datasets(
-    name: str = "shapes", *, root: str | Path | None = None, augment: bool = True, size: int | None = None
+    name: str = "shapes", *, root: str | Path | None = None, augment: bool = True, size: int | None = None,
+    download: bool | None = None,
 ) -> ImageData:
     """Build the train/val datasets of ``name`` (``"shapes"`` or ``"cifar10"``).
 
     ``size`` is the side length in pixels the model sees (default 32 for both). ``augment=False`` turns off the
     training augmentation (useful to look at the data, or to measure what augmentation costs). ``root``
     overrides the data folder. ``"shapes"`` is generated on first use (tqdm bar); ``"cifar10"`` raises
-    :class:`DatasetUnavailable` with instructions when it is not on disk and cannot be downloaded.
+    :class:`DatasetUnavailable` with instructions when it is not on disk and cannot be downloaded
+    (``download=False``: never try; ``None``: as ``COURSE_ALLOW_DOWNLOAD`` says).
     """
     if size is not None and (not isinstance(size, int) or size < 8):
         raise ValueError(f"load_image_datasets: size={size!r} must be an int >= 8 (side length in pixels).")
     if name == "cifar10":
         from course_lib.data.cifar import load_cifar10
 
-        return load_cifar10(root=root, augment=augment, size=size)
+        return load_cifar10(root=root, augment=augment, size=size, download=download)
     if name != "shapes":
         raise ValueError(f"load_image_datasets: name={name!r} is unknown; use 'shapes' (offline) or 'cifar10'.")
     folder = prepare_shapes(root)
+    check_shapes(folder)  # class folders and file sizes as generated, or a DataError naming what is not
     meta = read_meta(folder)
     size = size or SHAPES_IMAGE_SIZE
     mean, std = tuple(meta["mean"]), tuple(meta["std"])
     train = KeyedImageFolder(folder / "train", image_transform(size, mean, std, augment=augment))
     val = KeyedImageFolder(folder / "val", image_transform(size, mean, std, augment=False))
+    for split in (train, val):  # checked above; this states the invariant the labels rely on
+        if split.classes != sorted(meta["class_names"]):
+            raise DataError(f"{split.root}: class folders {split.classes} differ from the stored class list "
+                            f"{sorted(meta['class_names'])}; repair it with `python -m course_lib data prepare`.")
     return ImageData(train=train, val=val, num_classes=len(train.classes), image_size=size,
                      class_names=list(train.classes), root=folder, mean=mean, std=std, name="shapes")

@@ -8,7 +8,8 @@ most tools expect::
 
     root/train/<class>/<i>.jpg
     root/val/<class>/<i>.jpg
-    root/meta.json          # written last: class names, sizes, seed, per-channel mean/std
+    root/meta.json          # written last: class names, sizes, seed, per-channel mean/std, and the
+                            # manifest: every file's size and CRC-32, so damage can be found and repaired
 
 Every image is a pure function of ``(seed, split, class, i)``: same seed, same bytes. Train and validation
 images come from different random streams, so the splits are disjoint. Colour, size, position, rotation,
@@ -17,10 +18,12 @@ background clutter and pixel noise are all random, so the task is learnable by a
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +43,7 @@ SHAPES_IMAGE_SIZE = 32
 # Images per class (train, val) by mode: smoke checks the wiring in seconds, full is what a learner trains on.
 SHAPES_SIZES = {"smoke": (24, 8), "full": (500, 100)}
 META_FILE = "meta.json"
-FORMAT_VERSION = 1  # bump when the drawing changes, so old caches are regenerated
+FORMAT_VERSION = 2  # bump when the drawing or meta.json changes, so old caches are regenerated (2: manifest)
 SUPERSAMPLE = 2  # draw at 2x and downscale: smooth (anti-aliased) edges like a photographed object
 
 Points = list[tuple[float, float]]
@@ -222,9 +225,23 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def encode_image(params: dict, split: str, class_index: int, i: int) -> tuple[bytes, Image.Image]:
+    """The JPEG bytes (and the image) of one sample: a pure function of ``params`` and its position."""
+    image = draw_shape(CLASS_NAMES[class_index], _image_rng(params["seed"], split, class_index, i),
+                       params["image_size"])
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=params["quality"])
+    return buffer.getvalue(), image
+
+
+def image_path(split: str, class_name: str, i: int) -> str:
+    """The ``/``-separated path of one sample relative to the dataset root (the manifest's key)."""
+    return f"{split}/{class_name}/{i}.jpg"
+
+
 def _write_images(folder: Path, params: dict, *, progress: bool, label: str) -> None:
     """Draw and save every image of ``params`` under ``folder``, then write ``meta.json``."""
-    n_train, n_val, image_size, seed = params["n_train"], params["n_val"], params["image_size"], params["seed"]
+    n_train, n_val = params["n_train"], params["n_val"]
     for split in SPLITS:
         for name in CLASS_NAMES:
             (folder / split / name).mkdir(parents=True, exist_ok=True)
@@ -232,10 +249,13 @@ def _write_images(folder: Path, params: dict, *, progress: bool, label: str) -> 
             for c in range(len(CLASS_NAMES)) for i in range(n)]
     channel_sum = np.zeros(3)
     channel_sq = np.zeros(3)
+    files: dict[str, list[int]] = {}
     for split, c, i in tqdm(jobs, desc=f"generating shapes in {label}", unit="img", disable=not progress,
                             mininterval=0.5):
-        image = draw_shape(CLASS_NAMES[c], _image_rng(seed, split, c, i), image_size)
-        image.save(folder / split / CLASS_NAMES[c] / f"{i}.jpg", format="JPEG", quality=params["quality"])
+        data, image = encode_image(params, split, c, i)
+        relative = image_path(split, CLASS_NAMES[c], i)
+        (folder / relative).write_bytes(data)
+        files[relative] = [len(data), zlib.crc32(data)]
         if split == "train":  # statistics for Normalize, from the training split only
             pixels = np.asarray(image, dtype=np.float64).reshape(-1, 3) / 255.0
             channel_sum += pixels.mean(0)
@@ -247,9 +267,10 @@ def _write_images(folder: Path, params: dict, *, progress: bool, label: str) -> 
         "params": params,
         "class_names": list(CLASS_NAMES),
         "counts": {"train": count, "val": n_val * len(CLASS_NAMES)},
-        "image_size": image_size,
+        "image_size": params["image_size"],
         "mean": [round(float(m), 4) for m in mean],
         "std": [round(float(s), 4) for s in std],
+        "files": files,  # relative path -> [size in bytes, CRC-32]: what `data prepare` verifies and repairs
     }
     (folder / META_FILE).write_text(json.dumps(meta, indent=2))  # last: marks the folder complete
 

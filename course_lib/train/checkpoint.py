@@ -20,9 +20,13 @@ before anything is modified: a failed load leaves the model, optimizer and files
 
 from __future__ import annotations
 
+import errno
 import os
+import pickle
 import random
+import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Sequence
 
@@ -30,7 +34,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from course_lib import mode
 from course_lib.distributed import unwrap
+from course_lib.train.guard import NonFiniteError, nonfinite_tensors, optimizer_tensors
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format", "model", "step", "config")
@@ -41,6 +47,38 @@ TRAJECTORY_FIELDS = ("model", "dataset", "bs", "accum", "seed", "lr", "wd", "war
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used: missing, unreadable, truncated, or from a different experiment."""
+
+
+class WriteError(OSError):
+    """A file of the run could not be written (disk full, read-only, immutable...); the previous one is intact."""
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free there"
+    except OSError:
+        return "free space unknown"
+
+
+def write_error(path: Path, exc: BaseException) -> WriteError:
+    """A :class:`WriteError` for a failed write of ``path``: what failed, why, and what to do."""
+    code = getattr(exc, "errno", None)
+    text = str(exc)
+    if code == errno.ENOSPC or "unexpected pos" in text or "No space left" in text:
+        why = f"the disk is full ({_free_space(path.parent)})"
+        todo = "free some space"
+    elif code in (errno.EPERM, errno.EACCES):
+        why = "permission denied (is the file or its folder read-only or immutable? see `ls -l` and `lsattr`)"
+        todo = "make it writable again (e.g. `chattr -i`), or choose another --out"
+    elif code == errno.EROFS:
+        why = "the file system is read-only"
+        todo = "choose another --out"
+    else:
+        why = f"{type(exc).__name__}: {text.splitlines()[0] if text else 'write failed'}"
+        todo = "fix the cause"
+    error = WriteError(code or errno.EIO, f"cannot write {path}: {why}. The previous version of the file is intact; "
+                                          f"{todo}, then continue the run with --resume.")
+    return error
 
 
 # ------------------------------------------------------------------------------------------------- RNG states
@@ -89,19 +127,26 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     filesystem.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise write_error(path, exc) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
+        # A full disk shows as ENOSPC, or as torch's zip writer failing ("unexpected pos"); both become one message.
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError) or (
+                isinstance(exc, RuntimeError) and ("unexpected pos" in str(exc) or "write" in str(exc).lower())):
+            raise write_error(path, exc) from exc
         raise
     _fsync_directory(path.parent)
     return path
@@ -131,10 +176,20 @@ def save_checkpoint(
     """
     if config is not None and not isinstance(config, dict):
         config = config.to_dict()
+    weights = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+    optimizer_state = optimizer.state_dict() if optimizer is not None else None
+    # Never replace a good checkpoint with a diverged one (see course_lib.train.guard).
+    bad = nonfinite_tensors(list(weights.items()) + optimizer_tensors(optimizer_state))
+    if bad:
+        raise NonFiniteError(
+            f"refusing to write checkpoint {path}: {len(bad)} tensor(s) hold inf/nan (e.g. {', '.join(bad[:3])}); "
+            "the previous checkpoint is left as it was.", step=int(step), what="model state", value=None,
+            tensors=tuple(bad))
     payload = {
         "format": FORMAT_VERSION,
-        "model": {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()},
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "mode": mode.mode(),  # model sizes and data depend on COURSE_MODE: resuming must use the same one
+        "model": weights,
+        "optimizer": optimizer_state,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "step": int(step),
         "config": dict(config) if config is not None else None,
@@ -154,10 +209,21 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated zip, garbage bytes, foreign pickle...
+        # torch's own message suggests retrying with weights_only=False, i.e. running whatever code the file holds:
+        # never repeat that advice for a file that failed these checks.
+        if path.stat().st_size == 0:
+            why = "it is empty (an interrupted copy, or a truncated or corrupted file)"
+        elif not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-off one has no directory
+            why = "it is not a complete PyTorch checkpoint (truncated, corrupted, or another kind of file)"
+        elif isinstance(exc, pickle.UnpicklingError):
+            why = "it holds objects other than tensors and plain values, so it is not a checkpoint of this course"
+        else:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            detail = "" if "weights_only" in first else f": {first}"
+            why = f"it is corrupted ({type(exc).__name__}{detail})"
         raise CheckpointError(
-            f"checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-            "it is truncated or corrupted. Delete it to start over, or restore a backup."
-        ) from exc
+            f"checkpoint {path} cannot be read: {why}. Start over with --overwrite (replaces it), or restore a backup."
+        ) from None
     if not isinstance(payload, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(payload).__name__}, not a checkpoint dict.")
     missing = [k for k in REQUIRED_KEYS if k not in payload]
@@ -211,7 +277,9 @@ def _check_model_state(state: dict[str, torch.Tensor], model: nn.Module, path: P
             details.append(f"unexpected {unexpected[:5]}")
         if wrong:
             details.append(f"shape mismatch {wrong[:5]}")
-        raise CheckpointError(f"checkpoint {path} does not fit this model: " + "; ".join(details) + ".")
+        hint = (" A run started with another COURSE_MODE (smoke/full) has other model sizes: resume with the "
+                f"COURSE_MODE it was started in (this process: COURSE_MODE={mode.mode()})." if wrong else "")
+        raise CheckpointError(f"checkpoint {path} does not fit this model: " + "; ".join(details) + "." + hint)
 
 
 def load_checkpoint(
@@ -232,9 +300,23 @@ def load_checkpoint(
     path = Path(path)
     payload = read_checkpoint(path)
     # 1. Check everything first...
+    saved_mode = payload.get("mode")
+    if saved_mode is not None and saved_mode != mode.mode():
+        raise CheckpointError(
+            f"checkpoint {path} was written with COURSE_MODE={saved_mode}, but this process runs with "
+            f"COURSE_MODE={mode.mode()} (model sizes and data depend on the mode). Resume with COURSE_MODE={saved_mode}, "
+            f"or start a new run in another --out."
+        )
     check_compatible(payload["config"], config, path, step=payload["step"])
     if model is not None:
         _check_model_state(payload["model"], model, path)
+    bad = nonfinite_tensors(list(payload["model"].items()) + optimizer_tensors(payload.get("optimizer")))
+    if bad:
+        raise CheckpointError(
+            f"checkpoint {path} holds inf/nan in {len(bad)} tensor(s) (e.g. {', '.join(bad[:3])}): it was written "
+            f"after the run diverged, and resuming would only continue the divergence. Start over with --overwrite "
+            f"and a lower --lr (or resume from a backup of an earlier checkpoint)."
+        )
     if optimizer is not None and payload.get("optimizer") is not None:
         saved_groups = payload["optimizer"]["param_groups"]
         if len(saved_groups) != len(optimizer.param_groups) or any(

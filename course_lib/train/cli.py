@@ -5,23 +5,36 @@ booleans as ``--compile`` / ``--no-compile``), so adding a field to the config a
 With no argument it trains the small CNN on the offline "shapes" data.
 
 ``--resume`` continues the run stored in ``--out``: the configuration comes from its checkpoint, and only the
-options you pass explicitly override it (e.g. ``--steps 1200`` to train longer).
+options you pass explicitly override it (e.g. ``--steps 1200`` to train longer). A fresh run into a folder that
+already holds one is refused unless ``--overwrite`` says to replace it; a folder another process is writing to is
+refused too.
+
+Every failure ends in one ``error:`` line that says what, why and what to do, never a traceback. Exit codes:
+``0`` done, ``1`` the run failed while running (diverged, disk full, a file could not be written: the last good
+checkpoint is intact), ``2`` bad input (options, folder, data, checkpoint: nothing was changed), ``130``
+interrupted with Ctrl-C (the line says how to resume).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import typing
 from pathlib import Path
 from typing import Any, Sequence
 
-from course_lib.train.checkpoint import CheckpointError, read_checkpoint
+from course_lib.train.checkpoint import CheckpointError, WriteError, read_checkpoint
 from course_lib.train.config import ConfigError, TrainConfig
+from course_lib.train.guard import NonFiniteError
 from course_lib.train.loop import CHECKPOINT_FILE, METRICS_FILE
+from course_lib.train.rundir import RunFolderError, run_folder
+
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 
 _HELP = {
     "lr": "peak learning rate",
@@ -76,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=field.name.upper(),
                                 help=_HELP.get(field.name))
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start fresh even if --out holds a run (deletes its checkpoint and metrics)")
     return parser
 
 
@@ -97,30 +112,78 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**given)
 
 
+def _bad_input_types() -> tuple[type[BaseException], ...]:
+    from course_lib.data.errors import DataError, DatasetUnavailable, LoaderConfigError
+
+    return (ConfigError, CheckpointError, RunFolderError, DatasetUnavailable, LoaderConfigError, DataError)
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line (a DataLoader worker's error arrives wrapped in its traceback text)."""
+    from course_lib.data.errors import DatasetUnavailable
+
+    text = str(exc).strip()
+    if "Original Traceback" in text:  # re-raised from a worker: the message is the last line, after "Type: "
+        last = text.splitlines()[-1]
+        text = last.split(": ", 1)[1] if ": " in last else last
+    if isinstance(exc, DatasetUnavailable):
+        from course_lib.data.cifar import ARCHIVE, cifar_root
+
+        root = cifar_root()
+        return (f"CIFAR-10 is not in {root}, and training never downloads it; get it with `python -m course_lib data "
+                f"prepare --which cifar10` (downloads unless COURSE_ALLOW_DOWNLOAD=0), or copy {ARCHIVE} into {root}, "
+                f"or train on --dataset shapes.")
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _interrupted_line(out: Path) -> str:
+    ckpt = out / CHECKPOINT_FILE
+    command = f"python -m course_lib train --out {shlex.quote(str(out))} --resume"
+    try:
+        step = read_checkpoint(ckpt)["step"]
+    except CheckpointError:
+        return f"interrupted (Ctrl-C) before the first checkpoint; nothing to resume: start the run again."
+    return f"interrupted (Ctrl-C); the last checkpoint (step {step}) is in {ckpt}. Continue with: {command}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # --help (0) or a malformed option (2)
         return int(exc.code or 0)
-    try:
-        cfg = config_from_args(args)
-    except (ConfigError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     is_main = os.environ.get("RANK", "0") == "0"  # under torchrun, only rank 0 talks
-    if is_main:
-        print("config: " + json.dumps(cfg.resolved().to_dict()), flush=True)
-    from course_lib.train.launch import run  # imported late: the data package loads only when a run starts
-
+    out: Path | None = None
     try:
-        history = run(cfg, resume=args.resume)
-    except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        if args.resume and args.overwrite:
+            raise ConfigError("--resume and --overwrite contradict each other: --resume continues the run in --out, "
+                              "--overwrite deletes it. Pass one of them.")
+        cfg = config_from_args(args)
+        out = Path(cfg.out)
+        if is_main:
+            print("config: " + json.dumps(cfg.resolved().to_dict()), flush=True)
+        from course_lib.train.launch import run  # imported late: the data package loads only when a run starts
+
+        # Claim the folder before loading any data, so a bad --out fails first (train() joins this claim).
+        claim = (run_folder(cfg.out, out / CHECKPOINT_FILE, resume=args.resume, overwrite=args.overwrite)
+                 if is_main else contextlib.nullcontext())
+        with claim as held:
+            if held is not None and held.stale_note:
+                print(f"note: {held.stale_note}", flush=True)
+            history = run(cfg, resume=args.resume, overwrite=args.overwrite, download=False)
+    except KeyboardInterrupt:
+        if is_main:
+            print(f"\nerror: {_interrupted_line(out) if out is not None else 'interrupted (Ctrl-C).'}",
+                  file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except (NonFiniteError, WriteError) as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILED
+    except _bad_input_types() as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if not is_main:
         return 0
-    out = Path(cfg.out)
     last_eval = next((r for r in reversed(history) if "val_loss" in r), None)
     if last_eval is not None:
         print(f"final: step {last_eval['step']}  val_loss {last_eval['val_loss']:.4f}  val_acc {last_eval['val_acc']:.3f}")

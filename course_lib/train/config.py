@@ -27,6 +27,10 @@ MODELS = ("cnn", "net", "gpt")
 # Which models can read which data: the image models take [B, C, H, W], the GPT takes token ids [B, T].
 COMPATIBLE = {"cnn": ("shapes", "cifar10"), "net": ("shapes", "cifar10"), "gpt": ("text",)}
 AMP_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}
+# Device types that hold real data ("meta" tensors have shapes only; nothing can be trained there).
+TRAINING_DEVICES = ("cpu", "cuda", "mps")
+# torch, numpy and the sampler all accept a seed this large, with room for the per-rank and per-epoch offsets.
+MAX_SEED = 2**32 - 1
 
 
 class ConfigError(ValueError):
@@ -97,6 +101,9 @@ class TrainConfig:
         _check_int("eval_every", self.eval_every, low=1)
         _check_int("log_every", self.log_every, low=1)
         _check_int("seed", self.seed, low=0)
+        if self.seed > MAX_SEED:
+            raise ConfigError(f"seed={self.seed!r} is too large: seeds must be between 0 and {MAX_SEED} (2**32 - 1); "
+                              "any value in that range gives an equally good random stream.")
         _check_int("workers", self.workers, low=0)
         if not isinstance(self.compile, bool):
             raise ConfigError(f"compile={self.compile!r} must be True or False.")
@@ -115,6 +122,11 @@ class TrainConfig:
             device = pick_device(self.device)
         except ValueError as exc:
             raise ConfigError(f"device={self.device!r} is not usable here: {exc}") from None
+        if device.type not in TRAINING_DEVICES:
+            raise ConfigError(
+                f"device={self.device!r} cannot train: {device.type!r} tensors hold no data (or are not supported "
+                f"by the template); use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'."
+            )
         _check_choice("amp_dtype", self.amp_dtype, PRECISIONS)
         if self.amp_dtype == "fp16" and device.type != "cuda":
             raise ConfigError(

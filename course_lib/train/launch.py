@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from course_lib import distributed
-from course_lib.mode import by_mode
+from course_lib.mode import by_mode, mode
 from course_lib.models import build_model
-from course_lib.train.config import TrainConfig
+from course_lib.train.config import ConfigError, TrainConfig
 from course_lib.train.loop import seed_everything, train
 
 TEXT_BLOCK_SIZE = 128  # characters of context for the GPT (the text data cuts longer lines)
@@ -29,8 +29,13 @@ def model_kwargs(name: str) -> dict[str, Any]:
     return {"n_layer": by_mode(smoke=1, full=4), "n_head": 4, "n_embd": by_mode(smoke=32, full=128)}
 
 
-def build_data_and_model(cfg: TrainConfig, ctx: distributed.DistContext) -> tuple[Any, Any, nn.Module]:
-    """``(train_loader, val_loader, model)`` for ``cfg`` (model weights seeded with ``cfg.seed``)."""
+def build_data_and_model(cfg: TrainConfig, ctx: distributed.DistContext, *, download: bool | None = None
+                         ) -> tuple[Any, Any, nn.Module]:
+    """``(train_loader, val_loader, model)`` for ``cfg`` (model weights seeded with ``cfg.seed``).
+
+    ``download=False`` never fetches a dataset (the command line: it says how to get one instead); ``None``
+    follows ``COURSE_ALLOW_DOWNLOAD``.
+    """
     from course_lib.data import load_image_datasets, load_text_datasets, make_loader, pad_collate
 
     collate = None
@@ -39,8 +44,15 @@ def build_data_and_model(cfg: TrainConfig, ctx: distributed.DistContext) -> tupl
         collate = pad_collate
         sizes: dict[str, Any] = {"vocab_size": data.vocab_size, "block_size": data.block_size}
     else:
-        data = load_image_datasets(cfg.dataset)
+        data = load_image_datasets(cfg.dataset, download=download)
         sizes = {"num_classes": data.num_classes, "image_size": data.image_size}
+    shard = -(-len(data.train) // ctx.world_size)
+    if cfg.bs > shard:
+        where = f" per process ({ctx.world_size} processes)" if ctx.world_size > 1 else ""
+        raise ConfigError(
+            f"bs={cfg.bs} is larger than the {shard} training samples of dataset {cfg.dataset!r}{where} "
+            f"(COURSE_MODE={mode()}); every batch would be dropped. Use --bs {shard} or less."
+        )
     train_loader = make_loader(
         data.train, batch_size=cfg.bs, train=True, num_workers=cfg.workers, collate_fn=collate,
         seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size, pin_memory=ctx.device.type == "cuda",
@@ -59,19 +71,25 @@ def build_data_and_model(cfg: TrainConfig, ctx: distributed.DistContext) -> tupl
     return train_loader, val_loader, model
 
 
-def run(cfg: TrainConfig, resume: bool = False) -> list[dict[str, Any]]:
-    """Validate ``cfg``, build everything, train (or resume), tear down; returns the history."""
+def run(cfg: TrainConfig, resume: bool = False, overwrite: bool = False, download: bool | None = None
+        ) -> list[dict[str, Any]]:
+    """Validate ``cfg``, build everything, train (or resume), tear down; returns the history.
+
+    ``overwrite`` starts fresh even when ``cfg.out`` holds a run (see :func:`course_lib.train.train`);
+    ``download`` as in :func:`build_data_and_model`.
+    """
     cfg.validate()
     ctx = distributed.setup(device=cfg.device)
     try:
-        return _build_and_train(cfg, ctx, resume)
+        return _build_and_train(cfg, ctx, resume, overwrite, download)
     finally:
         # The DDP model lives only inside _build_and_train: destroying the process group while a DDP module is
         # still alive can abort the process at exit ("terminate called without an active exception").
         distributed.teardown()
 
 
-def _build_and_train(cfg: TrainConfig, ctx: distributed.DistContext, resume: bool) -> list[dict[str, Any]]:
-    train_loader, val_loader, model = build_data_and_model(cfg, ctx)
+def _build_and_train(cfg: TrainConfig, ctx: distributed.DistContext, resume: bool, overwrite: bool,
+                     download: bool | None) -> list[dict[str, Any]]:
+    train_loader, val_loader, model = build_data_and_model(cfg, ctx, download=download)
     model = distributed.wrap_model(model, ctx, strategy="ddp")
-    return train(model, train_loader, val_loader, cfg, device=ctx.device, resume=resume)
+    return train(model, train_loader, val_loader, cfg, device=ctx.device, resume=resume, overwrite=overwrite)

@@ -13,12 +13,19 @@ a checkpoint is written; ``train(..., resume=True)`` continues from it exactly w
 
 Metrics go three ways: the returned history (a list of dicts), ``<out>/metrics.jsonl`` (one JSON object per
 line; rank 0 only) and a tqdm progress bar (rank 0 only).
+
+Nothing is lost or poisoned: the run folder is claimed first (a fresh run never silently replaces a run, and two
+processes never write one folder: :mod:`~course_lib.train.rundir`); a loss or gradient norm that turns ``inf``/``nan``
+stops the run before anything non-finite is saved (:mod:`~course_lib.train.guard`); and when a run stops on an
+error, ``metrics.jsonl`` is cut back to what the last checkpoint holds, so the two always agree.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -32,10 +39,12 @@ from tqdm.auto import tqdm
 from course_lib.device import resolve_amp_dtype
 from course_lib.distributed import all_reduce_sum, get_rank, get_world_size, unwrap
 from course_lib.train.accumulate import backward_group
-from course_lib.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
+from course_lib.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint, write_error
 from course_lib.train.config import TrainConfig
 from course_lib.train.evaluate import evaluate
+from course_lib.train.guard import NonFiniteError, check_record, divergence_message, json_safe
 from course_lib.train.optim import build_optimizer
+from course_lib.train.rundir import run_folder
 from course_lib.train.schedule import lr_at
 from course_lib.train.stream import BatchStream
 
@@ -64,22 +73,46 @@ def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:
 
 
 class MetricsLog:
-    """The run's history in memory, mirrored to ``metrics.jsonl`` (one JSON object per line) on rank 0."""
+    """The run's history in memory, mirrored to ``metrics.jsonl`` (one JSON object per line) on rank 0.
+
+    Non-finite floats are stored as ``null`` (JSON has no NaN). :meth:`committed` marks what the last checkpoint
+    holds; :meth:`roll_back` cuts the file and the history back to it (a truncation: it works on a full disk).
+    """
 
     def __init__(self, path: Path | None, history: list[dict[str, Any]], *, fresh: bool) -> None:
         self.path = path
         self.history = history
+        self._committed_records = len(history)
+        self._committed_bytes = 0
         if path is not None:
             # A fresh run starts an empty file; a resumed run rewrites it from the checkpoint's history, dropping
             # lines the killed run wrote after its last checkpoint (they will be produced again, identically).
             lines = "" if fresh else "".join(json.dumps(r) + "\n" for r in history)
             atomic_write_text(path, lines)
+            self._committed_bytes = len(lines.encode("utf-8"))
 
     def append(self, record: dict[str, Any]) -> None:
+        record = json_safe(record)
         self.history.append(record)
         if self.path is not None:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record, allow_nan=False) + "\n")
+            except OSError as exc:
+                raise write_error(self.path, exc) from exc
+
+    def committed(self) -> None:
+        """The last checkpoint now holds the history up to here."""
+        self._committed_records = len(self.history)
+        if self.path is not None:
+            self._committed_bytes = self.path.stat().st_size
+
+    def roll_back(self) -> None:
+        """Forget what came after the last checkpoint (best effort: called while handling another error)."""
+        del self.history[self._committed_records:]
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, self._committed_bytes)
 
 
 def _default_ckpt_path(ckpt_path: str | Path | None, cfg: TrainConfig) -> Path | None:
@@ -98,6 +131,7 @@ def train(
     device: torch.device | str | None = None,
     ckpt_path: str | Path | None = AUTO,
     resume: bool = False,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
     """Train ``model`` for ``cfg.steps`` optimizer steps; return the history of logged metrics.
 
@@ -110,6 +144,12 @@ def train(
         ckpt_path: checkpoint file; ``"auto"`` = ``<cfg.out>/ckpt.pt``. ``None`` writes nothing at all
             (no checkpoint and no ``metrics.jsonl``): handy in notebooks and tests.
         resume: continue from ``ckpt_path`` (which must exist and match the config).
+        overwrite: start fresh even though ``cfg.out`` already holds a run (its checkpoint and metrics are deleted).
+            Without it (and without ``resume``) a folder holding a run is refused with a
+            :class:`~course_lib.train.rundir.RunFolderError`.
+
+    Raises :class:`~course_lib.train.guard.NonFiniteError` when the run diverges (the last good checkpoint is kept)
+    and :class:`~course_lib.train.checkpoint.WriteError` when a file cannot be written (disk full, read-only...).
 
     History records: train lines ``{"step", "loss", "lr", "grad_norm", "examples_per_s"}`` (plus
     ``"tokens_per_s"`` for text) and eval lines ``{"step", "val_loss", "val_acc"}``.
@@ -123,7 +163,18 @@ def train(
     ckpt = _default_ckpt_path(ckpt_path, cfg)
     if resume and ckpt is None:
         raise ValueError("resume=True needs a checkpoint path (ckpt_path is None).")
+    owns_files = ckpt is not None and is_main
+    folder = run_folder(cfg.out, ckpt, resume=resume, overwrite=overwrite) if owns_files else contextlib.nullcontext()
+    with folder as claim:
+        if claim is not None and overwrite and not resume:
+            claim.start_fresh([ckpt, Path(cfg.out) / METRICS_FILE])
+        return _train(model, train_loader, val_loader, cfg, device, ckpt, resume, amp_dtype, rank, world_size)
 
+
+def _train(model: nn.Module, train_loader: Iterable[Sequence[torch.Tensor]],
+           val_loader: Iterable[Sequence[torch.Tensor]], cfg: TrainConfig, device: torch.device, ckpt: Path | None,
+           resume: bool, amp_dtype: torch.dtype | None, rank: int, world_size: int) -> list[dict[str, Any]]:
+    is_main = rank == 0
     # --- components: model, optimizer, scaler, data stream ----------------------------------------------------
     model.to(device)
     optimizer = build_optimizer(unwrap(model), cfg)
@@ -147,12 +198,37 @@ def train(
     log = MetricsLog(metrics_path, history, fresh=not resume)
     train_model = maybe_compile(model, cfg.compile)
 
-    # --- the loop ---------------------------------------------------------------------------------------------
-    model.train()
+    last_good = {"step": start_step if resume else None}
     # disable=None: shown in a terminal and in a notebook, hidden when stderr is a pipe (torchrun, CI logs), where
     # every redraw would arrive as one more line; the log lines carry the same information there.
     bar = tqdm(total=cfg.steps, initial=start_step, disable=None if is_main else True, mininterval=2.0, desc="train",
                unit="step")
+    try:
+        _loop(model, train_model, optimizer, scaler, stream, val_loader, cfg, device, amp_dtype, ckpt, log, bar,
+              start_step, last_good, world_size, is_main)
+    except BaseException:
+        log.roll_back()  # metrics.jsonl never gets ahead of the last checkpoint
+        raise
+    finally:
+        bar.close()
+    return log.history
+
+
+def _last_good_sentence(ckpt: Path | None, step: int | None) -> str:
+    if ckpt is None:
+        return "No checkpoint is written in this run (ckpt_path=None)."
+    if step is None:
+        return f"No checkpoint had been written yet ({ckpt} was not created)."
+    return f"The last good checkpoint, step {step}, is unchanged in {ckpt}; nothing after the divergence was saved."
+
+
+def _loop(model: nn.Module, train_model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+          stream: BatchStream, val_loader: Iterable[Sequence[torch.Tensor]], cfg: TrainConfig, device: torch.device,
+          amp_dtype: torch.dtype | None, ckpt: Path | None, log: MetricsLog, bar: tqdm, start_step: int,
+          last_good: dict[str, int | None], world_size: int, is_main: bool) -> None:
+    """The steps themselves (see the module docstring)."""
+    guard = {"cfg": cfg, "scaler_enabled": scaler.is_enabled()}
+    model.train()
     window_loss = torch.zeros((), device=device)  # loss SUM since the last log line, kept on the device
     window_count = torch.zeros((), device=device, dtype=torch.long)  # targets since the last log line
     window_examples, window_start = 0, time.perf_counter()
@@ -193,6 +269,7 @@ def train(
             }
             if micro_batches[0][1].dim() > 1:  # text: targets per position, report tokens too
                 record["tokens_per_s"] = n_targets / elapsed
+            check_record(record, step=done, last_good=_last_good_sentence(ckpt, last_good["step"]), **guard)
             log.append(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
             window_loss.zero_()
@@ -203,15 +280,22 @@ def train(
             # evaluate() leaves the training RNG untouched: a resumed run draws the same numbers afterwards.
             val = evaluate(unwrap(model), val_loader, device, amp_dtype)
             record = {"step": done, "val_loss": val["loss"], "val_acc": val["acc"]}
+            check_record(record, step=done, last_good=_last_good_sentence(ckpt, last_good["step"]), **guard)
             log.append(record)
             if is_main:
                 bar.write(f"step {done}: val_loss {val['loss']:.4f}  val_acc {val['acc']:.3f}")
             if ckpt is not None and is_main:
                 stream.warn_if_inexact()
-                save_checkpoint(
-                    ckpt, model=model, optimizer=optimizer, scaler=scaler, step=done, config=cfg,
-                    history=log.history, data_state=stream.state_dict(),
-                )
+                try:
+                    save_checkpoint(
+                        ckpt, model=model, optimizer=optimizer, scaler=scaler, step=done, config=cfg,
+                        history=log.history, data_state=stream.state_dict(),
+                    )
+                except NonFiniteError as exc:  # weights poisoned by a non-finite gradient between two log lines
+                    raise NonFiniteError(
+                        divergence_message(step=done, what="model state", value=None, cfg=cfg, tensors=exc.tensors,
+                                           last_good=_last_good_sentence(ckpt, last_good["step"])),
+                        step=done, what="model state", value=None, tensors=exc.tensors) from None
+                last_good["step"] = done
+                log.committed()
             window_start = time.perf_counter()  # throughput excludes evaluation and saving
-    bar.close()
-    return log.history

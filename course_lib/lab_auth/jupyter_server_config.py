@@ -1,0 +1,11 @@
+"""Loaded by Jupyter (not imported): the course lab's token wins over any token in the user's configuration."""
+
+import os
+
+try:
+    c = get_config()  # noqa: F821 - provided by Jupyter's config loader
+except NameError:  # imported as a module, not loaded as a config file: nothing to configure
+    c = None
+
+if c is not None and os.environ.get("JUPYTER_TOKEN"):
+    c.IdentityProvider.token = os.environ["JUPYTER_TOKEN"]

@@ -1,0 +1,107 @@
+"""A damaged dataset never trains: every problem names its file or folder, `data prepare` repairs it, `data info`
+tells the truth."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from course_lib.data import DataError, load_image_datasets, repair_shapes, verify_shapes
+from course_lib.data.cli import main as data_cli
+from course_lib.data.shapes import prepare_shapes
+from course_lib.train import cli as train_cli
+
+
+@pytest.fixture(scope="module")
+def pristine() -> Path:
+    return prepare_shapes(progress=False)
+
+
+@pytest.fixture
+def shapes(tmp_path: Path, pristine: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private copy of the smoke shapes, made the current data directory."""
+    data_dir = tmp_path / "data"
+    copy = data_dir / pristine.name
+    shutil.copytree(pristine, copy)
+    monkeypatch.setenv("COURSE_DATA_DIR", str(data_dir))
+    return copy
+
+
+def _bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _delete_val_class(root: Path) -> str:
+    shutil.rmtree(root / "val" / "star")
+    return "val/star/"
+
+
+def _delete_train_class(root: Path) -> str:
+    shutil.rmtree(root / "train" / "triangle")
+    return "train/triangle/"
+
+
+def _extra_class(root: Path) -> str:
+    (root / "train" / "owl").mkdir()
+    shutil.copy(root / "train" / "circle" / "0.jpg", root / "train" / "owl" / "0.jpg")
+    return "train/owl"
+
+
+def _truncate(root: Path) -> str:
+    path = root / "train" / "ring" / "3.jpg"
+    path.write_bytes(path.read_bytes()[:500])
+    return "train/ring/3.jpg"
+
+
+def _extra_file(root: Path) -> str:
+    (root / "val" / "arrow" / "notes.txt").write_text("not an image")
+    return "val/arrow/notes.txt"
+
+
+DAMAGE = {"deleted-val-class": _delete_val_class, "deleted-train-class": _delete_train_class,
+          "extra-class": _extra_class, "truncated-jpeg": _truncate, "extra-file": _extra_file}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_each_corruption_is_named_refused_and_repaired(shapes: Path, damage: str, capsys) -> None:
+    before = _bytes(shapes)
+    name = DAMAGE[damage](shapes)
+    # Loading refuses, naming what is wrong and how to repair it.
+    with pytest.raises(DataError) as info:
+        load_image_datasets("shapes")
+    assert name in str(info.value) and "data prepare" in str(info.value)
+    # `data info` reports the damage instead of what meta.json claims.
+    assert data_cli(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "DAMAGED" in out and name in out
+    # `data prepare` repairs it: the folder is again exactly what was generated.
+    assert data_cli(["prepare", "--quiet", "--which", "shapes"]) == 0
+    assert "repaired" in capsys.readouterr().err
+    assert _bytes(shapes) == before
+    assert verify_shapes(shapes).ok
+    assert data_cli(["info"]) == 0 and "verified" in capsys.readouterr().out
+    assert len(load_image_datasets("shapes").val) == 80
+
+
+def test_training_on_damaged_data_is_a_one_line_error(shapes: Path, tmp_path: Path, capsys) -> None:
+    _delete_val_class(shapes)
+    code = train_cli.main(["--steps", "2", "--device", "cpu", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "val/star/" in lines[0] and "data prepare" in lines[0]
+
+
+def test_a_same_size_corruption_is_found_by_checksum_and_names_the_file_when_read(shapes: Path) -> None:
+    path = shapes / "val" / "hexagon" / "2.jpg"
+    path.write_bytes(b"\0" * path.stat().st_size)  # same size: only the CRC-32 can tell
+    report = verify_shapes(shapes)
+    assert report.damaged == ["val/hexagon/2.jpg (contents changed)"]
+    data = load_image_datasets("shapes")  # the cheap load-time check (sizes) passes...
+    index = next(i for i, (p, _) in enumerate(data.val.samples) if Path(p) == path)
+    with pytest.raises(DataError, match=str(path)):  # ...and decoding names the file
+        data.val[index]
+    repair_shapes(shapes)
+    assert verify_shapes(shapes).ok
