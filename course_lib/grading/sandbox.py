@@ -86,9 +86,18 @@ def _python_roots() -> list[Path]:
 
 
 def _site_packages() -> list[Path]:
-    """Installed-package folders on this interpreter's path (only those: the course's own folders stay out)."""
-    found = {Path(p).resolve() for p in sys.path if p and Path(p).name in ("site-packages", "dist-packages")}
-    return sorted(p for p in found if p.is_dir())
+    """The folders this interpreter imports installed packages from (and where their links point), never a folder
+    holding the course itself: the worker sees the mounted ``course_lib`` and nothing else of the repository."""
+    found: set[Path] = set()
+    for entry in sys.path:
+        folder = Path(entry) if entry else None
+        if folder is None or not folder.is_dir() or (folder / "course_lib").exists():
+            continue
+        found.add(folder.resolve())
+        for child in folder.iterdir():  # a borrowed environment may link its packages from elsewhere
+            if child.is_symlink() and child.resolve().exists():
+                found.add(child.resolve().parent)
+    return sorted(p for p in found if not (p / "course_lib").exists())
 
 
 def command(argv: list[str], *, scratch: Path, out_dir: Path, package_root: Path,
