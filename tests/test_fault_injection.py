@@ -54,22 +54,9 @@ def test_runs_killed_at_random_points_resume_to_the_uninterrupted_result(tmp_pat
 
 # ------------------------------------------------------------------------------------------------ the driver
 def _setup(out: Path):
-    import torch
-    from torch.utils.data import TensorDataset
+    from tiny_run import tiny_run
 
-    from course_lib.data import make_loader
-    from course_lib.models import Net
-    from course_lib.train import TrainConfig
-
-    g = torch.Generator().manual_seed(123)
-    x, y = torch.randn(40, 3, 2, 2, generator=g), torch.randint(0, 4, (40,), generator=g)
-    train_loader = make_loader(TensorDataset(x, y), batch_size=8, train=True, seed=0)
-    val_loader = make_loader(TensorDataset(x[:20], y[:20]), batch_size=8, train=False)
-    torch.manual_seed(0)
-    model = Net(d_in=12, d=16, n_blocks=1, n_out=4, p=0.2)
-    cfg = TrainConfig(lr=1e-2, warmup=2, steps=12, bs=8, accum=2, eval_every=3, log_every=1, device="cpu",
-                      model="net", out=str(out))
-    return model, train_loader, val_loader, cfg
+    return tiny_run(out, steps=12)
 
 
 def _install_fault_points(kill_at: int | None, events: list[str], marker: Path) -> None:

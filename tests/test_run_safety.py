@@ -41,23 +41,13 @@ from course_lib.train import cli as train_cli
 from course_lib.train import loop as loop_module
 from course_lib.train.guard import check_record
 from course_lib.train.rundir import LOCK_FILE, claim_run_folder, release_run_folder
+from tiny_run import tiny_run
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _setup(out: Path, **overrides):
-    """A tiny run: 40 samples, micro-batches of 8, 2 per step, dropout on (as in test_train)."""
-    g = torch.Generator().manual_seed(123)
-    x, y = torch.randn(40, 3, 2, 2, generator=g), torch.randint(0, 4, (40,), generator=g)
-    train_loader = make_loader(TensorDataset(x, y), batch_size=8, train=True, seed=0)
-    val_loader = make_loader(TensorDataset(x[:20], y[:20]), batch_size=8, train=False)
-    torch.manual_seed(0)
-    model = Net(d_in=12, d=16, n_blocks=1, n_out=4, p=0.2)
-    values = dict(lr=1e-2, warmup=2, steps=8, bs=8, accum=2, eval_every=3, log_every=1, device="cpu",
-                  model="net", out=str(out))
-    values.update(overrides)
-    return model, train_loader, val_loader, TrainConfig(**values)
+_setup = tiny_run
 
 
 def _digest(path: Path) -> str:

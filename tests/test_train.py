@@ -20,6 +20,7 @@ from course_lib.models import GPTConfig, Net, TinyGPT
 from course_lib.train import ConfigError, TrainConfig, evaluate, lr_at, param_groups, run, train
 from course_lib.train import cli as train_cli
 from course_lib.train import loop as loop_module
+from tiny_run import tiny_run
 
 REPO = Path(__file__).resolve().parents[1]
 THROUGHPUT_KEYS = ("examples_per_s", "tokens_per_s")  # measured, so never identical between two runs
@@ -130,18 +131,7 @@ def test_evaluate_text_batches_ignores_padding() -> None:
 
 
 # ------------------------------------------------------------------------------------ training in-process
-def _setup(tmp_path: Path, **overrides):
-    """A tiny run: 40 samples, micro-batches of 8, 2 per step (groups 2, 2, 1 per epoch), dropout on."""
-    g = torch.Generator().manual_seed(123)
-    x, y = torch.randn(40, 3, 2, 2, generator=g), torch.randint(0, 4, (40,), generator=g)
-    train_loader = make_loader(TensorDataset(x, y), batch_size=8, train=True, seed=0)
-    val_loader = make_loader(TensorDataset(x[:20], y[:20]), batch_size=8, train=False)
-    torch.manual_seed(0)
-    model = Net(d_in=12, d=16, n_blocks=1, n_out=4, p=0.2)
-    values = dict(lr=1e-2, warmup=2, steps=8, bs=8, accum=2, eval_every=3, log_every=1, device="cpu",
-                  model="net", out=str(tmp_path))
-    values.update(overrides)
-    return model, train_loader, val_loader, TrainConfig(**values)
+_setup = tiny_run
 
 
 def test_training_is_deterministic_and_logs_what_it_promises(tmp_path: Path) -> None:
