@@ -60,7 +60,8 @@ def resolve_amp_dtype(name: str | torch.dtype | None, device: torch.device | str
     * ``"auto"``: on CUDA, bf16 where the GPU supports it, else fp16 (with a GradScaler);
       fp32 on the CPU and MPS, where low-precision speed depends on the chip (the
       precision lesson measures it instead of assuming).
-    * ``"bf16"`` / ``"fp16"`` / ``"fp32"``: exactly that (fp16 needs CUDA or MPS).
+    * ``"bf16"`` / ``"fp16"`` / ``"fp32"``: exactly that. fp16 works on every device type, the CPU included
+      (autocast and an enabled ``GradScaler("cpu")`` support it), though only GPUs make it fast.
     Torch dtypes are accepted too (``torch.bfloat16``), as older configs often store them.
     """
     device = torch.device(device)
@@ -80,11 +81,6 @@ def resolve_amp_dtype(name: str | torch.dtype | None, device: torch.device | str
         if not supports_bf16(device):
             raise ValueError(f"bf16 autocast is not supported on {device}; use 'fp16' or 'fp32'.")
         return torch.bfloat16
-    if device.type not in ("cuda", "mps"):
-        raise ValueError(
-            f"fp16 autocast needs a GPU (it is emulated and slow or unsupported on {device.type}); "
-            "use 'bf16' or 'fp32' on the CPU."
-        )
     return torch.float16
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import torch
 
 from course_lib.data import LoaderConfigError
 from course_lib.perf.loaders import (compare_loaders, experiment_order, loader_sweep, measure_loader,
@@ -80,6 +83,29 @@ def test_compare_loaders_warms_up_interleaves_and_gives_verdicts() -> None:
     sizes = [dict(configs[0], label="batch 4", batch_size=4), dict(configs[0], label="batch 8", batch_size=8)]
     _, same = compare_loaders(data, sizes, n_samples=16, rounds=1, progress=False)
     assert [r["samples"] for r in same] == [16, 16] and [r["batches"] for r in same] == [4, 2]
+
+
+class SlowItems(torch.utils.data.Dataset):
+    """Every item costs a fixed sleep: a loader epoch whose length the test controls."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.002)
+        return torch.zeros(2)
+
+
+def test_compare_loaders_shortens_every_epoch_alike_when_the_rounds_would_overrun_the_budget() -> None:
+    configs = [dict(label="bs 8", batch_size=8, num_workers=0), dict(label="bs 16", batch_size=16, num_workers=0)]
+    # One epoch of 64 items is about 0.13 s per config: a warm-up of both is ~0.26 s, so five rounds need ~1.3 s.
+    _, roomy = compare_loaders(SlowItems(), configs, n_samples=64, rounds=3, progress=False)
+    assert [r["n_batches"] for r in roomy] == [8, 4]
+    _, tight = compare_loaders(SlowItems(), configs, n_samples=64, rounds=3, budget_s=0.6, progress=False)
+    shrunk = [r["n_batches"] for r in tight]
+    assert shrunk[0] < 8 and shrunk[1] < 4, shrunk
+    assert shrunk[0] * 8 == pytest.approx(shrunk[1] * 16, abs=16)  # the same factor: still about equal samples
+    assert all(r["rounds"] == 3 for r in tight)
 
 
 def test_worker_memory_is_proportional_not_summed_rss() -> None:

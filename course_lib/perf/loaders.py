@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 import psutil
@@ -303,7 +304,9 @@ def compare_loaders(
     ``n_batches`` per epoch (worker start-up included, as in training) -- or, with ``n_samples`` instead, as many
     batches as make ``n_samples`` samples at that config's batch size, so every config does the same work. Every contender is warmed up once, then
     the rounds run them in alternating order, so a cold cache or a burst of load elsewhere hits all of them
-    alike; ``budget_s`` stops the rounds early (never before three). Returns the :class:`Comparison` (ask it for
+    alike; ``budget_s`` stops the rounds early (never before three), and when the first warm-up shows that even
+    three rounds would overrun it (a busy machine), every config's epoch is shortened by the same factor (to no
+    less than a tenth, and two batches; ``rows[i]["n_batches"]`` says what was measured) so the comparison fits. Returns the :class:`Comparison` (ask it for
     verdicts: ``comparison.verdict("workers=2", "workers=0 (main process)")``) and one row per config as
     :func:`loader_sweep` gives them: the run with the median time, ``samples_per_s`` at the median time over the
     rounds, ``speedup`` over the first measured config, ``rounds``. Pinned-memory configs on a non-CUDA device
@@ -314,8 +317,11 @@ def compare_loaders(
     if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 1):
         raise ValueError(f"n_samples={n_samples!r} must be an int >= 1.")
 
+    shrink = 1.0  # set after the warm-up when three rounds would overrun budget_s
+
     def batches_of(cfg: dict[str, Any]) -> int:
-        return n_batches if n_batches is not None else max(1, n_samples // cfg["batch_size"])  # type: ignore[operator]
+        full = n_batches if n_batches is not None else max(1, n_samples // cfg["batch_size"])  # type: ignore[operator]
+        return full if shrink == 1.0 else max(min(2, full), round(full * shrink))
 
     device = torch.device(device)
     labels = [c.get("label") for c in configs]
@@ -329,7 +335,7 @@ def compare_loaders(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(measured) * (1 + rounds), desc="loader comparison", unit="run")
+        bar = tqdm(total=len(measured) * (2 + rounds), desc="loader comparison", unit="run")
 
     def contender(cfg: dict[str, Any]) -> Callable[[], None]:
         kwargs = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
@@ -341,10 +347,22 @@ def compare_loaders(
 
         return run
 
-    samples = {c["label"]: batches_of(c) * c["batch_size"] * c.get("epochs", 1) for c in measured}
+    contenders = {c["label"]: contender(c) for c in measured}
     try:
-        comparison = compare({c["label"]: contender(c) for c in measured}, rounds=rounds, warmup=1, work=samples,
-                             min_round_s=0.0, budget_s=budget_s, min_rounds=min(3, rounds), device=device)
+        # The warm-up, done here rather than in compare(): its duration says whether the rounds fit the budget.
+        started = time.perf_counter()
+        for run in contenders.values():
+            run()
+        one_round_s = time.perf_counter() - started
+        min_rounds = min(3, rounds)
+        # Unshrunk, the rest takes compare()'s warm-up plus min_rounds rounds, each about one_round_s.
+        if budget_s is not None and one_round_s * (2 + min_rounds) > budget_s:
+            shrink = max(0.1, (budget_s - one_round_s) / (one_round_s * (1 + min_rounds)))
+        samples = {c["label"]: batches_of(c) * c["batch_size"] * c.get("epochs", 1) for c in measured}
+        # compare()'s own warm-up call is one more epoch per config; the rows ignore both warm-ups.
+        comparison = compare(contenders, rounds=rounds, warmup=1, work=samples, min_round_s=0.0,
+                             budget_s=None if budget_s is None else max(budget_s - one_round_s, 1e-3),
+                             min_rounds=min_rounds, device=device)
     finally:
         if bar is not None:
             bar.total = bar.n  # stopped by the budget: the bar ends where the measurement ended
@@ -358,11 +376,11 @@ def compare_loaders(
             row.update(samples_per_s=None, speedup=None,
                        skipped=f"pin_memory only speeds up copies to a CUDA GPU; the batches go to {device.type}")
         else:
-            timed = runs[cfg["label"]][1:]  # the first run was the warm-up
+            timed = runs[cfg["label"]][2:]  # the first two runs were the warm-ups
             timed.sort(key=lambda r: r["total_s"])
             m = comparison[cfg["label"]]
             row.update(timed[len(timed) // 2])
-            row.update(samples_per_s=m.rate, rounds=len(m.seconds), skipped=None)
+            row.update(samples_per_s=m.rate, rounds=len(m.seconds), n_batches=batches_of(cfg), skipped=None)
             base = base if base is not None else m.rate
             row["speedup"] = m.rate / base
         rows.append(row)
