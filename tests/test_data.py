@@ -306,3 +306,17 @@ def test_cli_prepare_and_info(capsys):
     assert data_cli(["info"]) == 0
     out = capsys.readouterr().out
     assert "shapes" in out and "circle" in out and os.environ["COURSE_DATA_DIR"] in out
+
+
+def test_counting_dataset_counts_only_in_its_own_process() -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from course_lib.data import CountingDataset
+
+    ds = CountingDataset(TensorDataset(torch.arange(8.0)))
+    assert len(ds) == 8
+    list(DataLoader(ds, batch_size=4, num_workers=0))
+    assert ds.calls == 8  # main process: counted here
+    list(DataLoader(ds, batch_size=4, num_workers=1))
+    assert ds.calls == 8  # the worker counted in its own copy; nothing came back

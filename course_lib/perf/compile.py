@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from course_lib.device import synchronize
+from course_lib.train.loss import mean_cross_entropy
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -127,9 +127,7 @@ def warm_compile(model: torch.nn.Module, example: Any) -> tuple[torch.nn.Module,
 
 def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
     x, y = batch
-    out = model(x)
-    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=-100)
-    loss.backward()
+    mean_cross_entropy(model(x), y).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
 

@@ -38,6 +38,11 @@ from course_lib.device import autocast, resolve_amp_dtype, synchronize
 _clock: Callable[[], float] = time.perf_counter
 
 
+def now() -> float:
+    """Seconds on the course's host clock (``time.perf_counter``, or the clock a test substituted)."""
+    return _clock()
+
+
 def to_device(obj: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     """Move a tensor, or tensors nested in tuples/lists/dicts, to ``device`` (other objects are returned as is)."""
     if isinstance(obj, torch.Tensor):
@@ -50,17 +55,18 @@ def to_device(obj: Any, device: torch.device | str, non_blocking: bool = False) 
     return obj
 
 
-def _first_tensor(obj: Any) -> torch.Tensor | None:
+def first_tensor(obj: Any) -> torch.Tensor | None:
+    """The first tensor in ``obj`` (a tensor, or tensors nested in tuples/lists/dicts), or ``None``."""
     if isinstance(obj, torch.Tensor):
         return obj
     if isinstance(obj, (list, tuple)):
         for o in obj:
-            t = _first_tensor(o)
+            t = first_tensor(o)
             if t is not None:
                 return t
     if isinstance(obj, dict):
         for o in obj.values():
-            t = _first_tensor(o)
+            t = first_tensor(o)
             if t is not None:
                 return t
     return None
@@ -197,7 +203,7 @@ def measure_latency(
     amp = resolve_amp_dtype(dtype, device)
     model = model.to(device).eval()
     x = to_device(example_input, device)  # moved once, before any timing
-    first = _first_tensor(x)
+    first = first_tensor(x)
 
     def call() -> Any:
         with torch.inference_mode(), autocast(device, amp):
@@ -246,7 +252,7 @@ def end_to_end_latency(
     _check_counts(warmup, reps)
     device = torch.device(device)
     times = _time_calls(lambda: fn(*args, **kwargs), device, warmup, reps)
-    first = _first_tensor(args)
+    first = first_tensor(args)
     return LatencyResult(
         times_ms=times, shape=tuple(first.shape) if first is not None else None, batch=batch,
         device=str(device), precision="as called", warmup=warmup, reps=reps, what="end-to-end",
@@ -261,4 +267,5 @@ def median_time(fn: Callable[[], Any], *, device: torch.device | str = "cpu", wa
 
 __all__: Sequence[str] = [
     "Timer", "LatencyResult", "measure_latency", "throughput", "end_to_end_latency", "median_time", "to_device",
+    "now",
 ]
