@@ -234,12 +234,27 @@ def test_make_loader_rejects_bad_arguments(shapes, kwargs, argument):
 
 
 def test_make_loader_defaults(shapes):
-    train = make_loader(shapes.train, batch_size=7, train=True, pin_memory=True)
+    train = make_loader(shapes.train, batch_size=7, train=True)
     val = make_loader(shapes.val, batch_size=7, train=False)
     assert train.drop_last and not val.drop_last
-    assert train.pin_memory == torch.cuda.is_available()  # pinning only helps CUDA transfers
+    assert not train.pin_memory
     assert sum(len(y) for _, y in val) == len(shapes.val)
     assert [y.tolist() for _, y in val] == [y.tolist() for _, y in val]  # stable validation order
+
+
+def test_make_loader_pin_memory_without_cuda_says_so_once(shapes, monkeypatch):
+    import warnings
+
+    from course_lib.data import loaders
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    loaders._warn_pinning_needs_cuda.cache_clear()
+    with pytest.warns(UserWarning, match="no CUDA device here, so batches are not pinned"):
+        pinned = make_loader(shapes.train, batch_size=7, train=True, pin_memory=True)
+    assert pinned.pin_memory is False  # pinning only helps CUDA transfers
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second loader: no second warning
+        assert make_loader(shapes.val, batch_size=7, train=False, pin_memory=True).pin_memory is False
 
 
 # --- text --------------------------------------------------------------------------------------------------------
