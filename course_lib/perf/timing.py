@@ -16,8 +16,8 @@ A forward pass timed naively (``t0 = time.time(); model(x); print(time.time() - 
    :func:`end_to_end_latency` measures that one, separately.
 
 Batch-one **latency** (how long one request waits) and large-batch **throughput** (samples per second when the
-device is kept busy) answer different questions and are reported by different functions: a bigger batch usually
-raises throughput *and* latency at once.
+device is kept busy) answer different questions: :func:`measure_latency` at batch one gives the first, at a large
+batch its ``samples_per_s`` gives the second. A bigger batch usually raises throughput *and* latency at once.
 
 A result is only meaningful with its context, so :class:`LatencyResult` carries the shape, batch size, device,
 precision, warm-up and repetition counts, and ``summary()`` prints them with the numbers.
@@ -196,7 +196,7 @@ def measure_latency(
 
     ``dtype`` is the autocast precision (``None``/``"fp32"``, ``"bf16"``, ``"fp16"`` on GPUs). The model is moved to
     ``device`` and put in eval mode (dropout off, BatchNorm running statistics) -- the state it is served in. Pass a
-    batch of one to measure latency; use :func:`throughput` for samples per second at a large batch.
+    batch of one to measure latency, a large batch and the result's ``samples_per_s`` for throughput.
     """
     _check_counts(warmup, reps)
     device = torch.device(device)
@@ -216,23 +216,6 @@ def measure_latency(
         batch=int(first.shape[0]) if first is not None and first.dim() > 0 else None,
         device=str(device), precision=_precision_name(amp), warmup=warmup, reps=reps,
     )
-
-
-def throughput(
-    model: torch.nn.Module,
-    batch: Any,
-    *,
-    device: torch.device | str,
-    warmup: int = 5,
-    reps: int = 20,
-    dtype: str | torch.dtype | None = None,
-) -> float:
-    """Inference samples per second at the size of ``batch`` (batch size / median forward time).
-
-    Use a large batch here: throughput is about keeping the device busy, not about how long one request waits.
-    The full timing record is available from :func:`measure_latency` with the same arguments.
-    """
-    return measure_latency(model, batch, device=device, warmup=warmup, reps=reps, dtype=dtype).samples_per_s
 
 
 def end_to_end_latency(
@@ -266,6 +249,6 @@ def median_time(fn: Callable[[], Any], *, device: torch.device | str = "cpu", wa
 
 
 __all__: Sequence[str] = [
-    "Timer", "LatencyResult", "measure_latency", "throughput", "end_to_end_latency", "median_time", "to_device",
+    "Timer", "LatencyResult", "measure_latency", "end_to_end_latency", "median_time", "to_device",
     "now",
 ]
