@@ -139,7 +139,8 @@ class Prediction:
         else:
             lines = [f"**You predicted:** {answer}  ", f"**This machine measured:** {measured}"]
             if self.choices is not None and actual is not None:
-                verdict = "Your prediction matched." if self.matches(actual) else "Not what you predicted: worth a second look."
+                verdict = ("Your prediction matched." if self.matches(actual)
+                           else "Not what you predicted: worth a second look.")
                 lines[-1] += "  "
                 lines.append(f"*{verdict}*")
         if why:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -56,7 +55,8 @@ def compile_blocker(device: torch.device | str = "cpu", backend: str = "inductor
         from torch._dynamo.eval_frame import is_dynamo_supported
 
         if not is_dynamo_supported():
-            return f"TorchDynamo does not support this platform/Python ({sys.platform}, Python {sys.version.split()[0]})."
+            return (f"TorchDynamo does not support this platform/Python ({sys.platform}, "
+                    f"Python {sys.version.split()[0]}).")
     except Exception as exc:  # noqa: BLE001 - any failure here means compile is unusable
         return f"TorchDynamo could not be imported: {exc}"
     if backend != "inductor":

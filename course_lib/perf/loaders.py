@@ -303,15 +303,15 @@ def compare_loaders(
 ) -> tuple[Comparison, list[dict[str, Any]]]:
     """Measure loader configurations through the course's protocol (:func:`course_lib.perf.compare.compare`).
 
-    Each configuration is a contender named by its ``label``; one call builds its loader and delivers
-    ``n_batches`` per epoch (worker start-up included, as in training) -- or, with ``n_samples`` instead, as many
-    batches as make ``n_samples`` samples at that config's batch size, so every config does the same work. Every contender is warmed up once, then
-    the rounds run them in alternating order, so a cold cache or a burst of load elsewhere hits all of them
-    alike; ``budget_s`` stops the rounds early (never before three). Returns the :class:`Comparison` (ask it for
-    verdicts: ``comparison.verdict("workers=2", "workers=0 (main process)")``) and one row per config as
+    Each configuration is a contender named by its ``label``; one call builds its loader and delivers ``n_batches``
+    per epoch (worker start-up included, as in training) -- or, with ``n_samples`` instead, as many batches as make
+    ``n_samples`` samples at that config's batch size, so every config does the same work. Every contender is warmed
+    up once, then the rounds run them in alternating order, so a cold cache or a burst of load elsewhere hits all of
+    them alike; ``budget_s`` stops the rounds early (never before three). Returns the :class:`Comparison` (ask it
+    for verdicts: ``comparison.verdict("workers=2", "workers=0 (main process)")``) and one row per config as
     :func:`loader_sweep` gives them: the run with the median time, ``samples_per_s`` at the median time over the
-    rounds, ``speedup`` over the first measured config, ``rounds``. Pinned-memory configs on a non-CUDA device
-    are not measured (``skipped`` says why).
+    rounds, ``speedup`` over the first measured config, ``rounds``. Pinned-memory configs on a non-CUDA device are
+    not measured (``skipped`` says why).
     """
     if (n_batches is None) == (n_samples is None):
         raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")

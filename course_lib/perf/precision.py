@@ -36,7 +36,7 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def amp_dtype_of(name: str, device: torch.device | str) -> torch.dtype | None:
-    """``"fp32"`` -> ``None``, ``"bf16"`` -> ``torch.bfloat16``, ``"fp16"`` -> ``torch.float16``, checked for ``device``.
+    """``"fp32"`` -> ``None``, ``"bf16"`` -> ``torch.bfloat16``, ``"fp16"`` -> ``torch.float16``, for ``device``.
 
     Unlike the training template's ``resolve_amp_dtype`` this accepts fp16 on the CPU: autocast and the GradScaler
     support it there, which is what a lesson needs to show loss scaling on a laptop.
@@ -205,10 +205,10 @@ def compare_precisions(
     ``make_model()`` is called once (the copies share its initial weights); ``make_batches()`` once (every
     precision sees the same batches in the same order, cycled). Rows: precision, step_ms (median, first step
     excluded: a rough figure; time comparisons belong to :func:`precision_steps` + ``compare``), activation_mb,
-    activation_fp32_mb and activation_int_mb (the parts saved as fp32 and as
-    integers, e.g. max-pool indices), and weight_copy_mb (:func:`saved_activation_bytes`, first batch), final_loss (training loss of the last
-    step), eval_loss and eval_acc (fp32 :func:`~course_lib.train.evaluate.evaluate` of the trained copy on the
-    batches), and the ratios step_time_vs_fp32 and activation_vs_fp32 when fp32 is in the list.
+    activation_fp32_mb and activation_int_mb (the parts saved as fp32 and as integers, e.g. max-pool indices), and
+    weight_copy_mb (:func:`saved_activation_bytes`, first batch), final_loss (training loss of the last step),
+    eval_loss and eval_acc (fp32 :func:`~course_lib.train.evaluate.evaluate` of the trained copy on the batches),
+    and the ratios step_time_vs_fp32 and activation_vs_fp32 when fp32 is in the list.
     """
     if steps < 2:
         raise ValueError(f"steps={steps} must be >= 2 (the first step is excluded from timing).")

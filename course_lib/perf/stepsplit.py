@@ -84,10 +84,6 @@ class Split:
                 f"({ms['compute']:.1f} of {step:.1f} ms per step){secondary} -> a bigger/faster device, mixed "
                 "precision, torch.compile, a smaller model; more workers will not help.")
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "fractions": self.fractions, "per_step_ms": self.per_step_ms,
-                "device": self.device, "verdict": self.verdict()}
-
     def __str__(self) -> str:
         ms = self.per_step_ms
         return (f"{self.steps} steps on {self.device}: data {ms['data']:.1f} ms, transfer {ms['transfer']:.1f} ms, "

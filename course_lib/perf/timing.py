@@ -242,13 +242,7 @@ def end_to_end_latency(
     )
 
 
-def median_time(fn: Callable[[], Any], *, device: torch.device | str = "cpu", warmup: int = 1, reps: int = 5) -> float:
-    """Median seconds of ``fn()`` over ``reps`` synchronised calls after ``warmup`` untimed ones."""
-    _check_counts(warmup, reps)
-    return statistics.median(_time_calls(fn, torch.device(device), warmup, reps)) / 1000.0
-
-
 __all__: Sequence[str] = [
-    "Timer", "LatencyResult", "measure_latency", "end_to_end_latency", "median_time", "to_device",
+    "Timer", "LatencyResult", "measure_latency", "end_to_end_latency", "to_device",
     "now",
 ]

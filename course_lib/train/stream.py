@@ -24,7 +24,8 @@ from course_lib.train.accumulate import take_group
 
 def find_resumable_sampler(loader: Any) -> Any | None:
     """The loader's ``ResumableSampler`` (at ``loader.sampler`` or ``loader.batch_sampler.sampler``), or ``None``."""
-    for candidate in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for candidate in (getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None)):
         if isinstance(candidate, ResumableSampler):
             return candidate
     return None
