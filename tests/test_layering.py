@@ -12,6 +12,7 @@ module -- including the ones inside functions, which are dependencies all the sa
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -64,6 +65,7 @@ def imported_names(path: Path, module: str) -> set[str]:
     return {n for n in names if n == "course_lib" or n.startswith("course_lib.")}
 
 
+@functools.cache  # the tree does not change during a test run; parse it once
 def import_graph() -> dict[str, set[str]]:
     """Module -> the course_lib modules it imports (a name is resolved to the deepest module that exists)."""
     modules = module_files()
@@ -75,7 +77,7 @@ def import_graph() -> dict[str, set[str]]:
             # A submodule's import runs its package's __init__ first; that is not a dependency on the package.
             if name != module and not module.startswith(name + "."):
                 graph[module].add(name)
-    return graph
+    return dict(graph)
 
 
 def layer_of(module: str) -> int:
