@@ -25,7 +25,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from torch.utils.data import Dataset
 
 from course_lib import mode
 
@@ -45,7 +44,6 @@ __all__ = [
     "recap",
     "recap_markdown",
     "exercise_id",
-    "CountingDataset",
 ]
 
 
@@ -141,7 +139,8 @@ class Prediction:
         else:
             lines = [f"**You predicted:** {answer}  ", f"**This machine measured:** {measured}"]
             if self.choices is not None and actual is not None:
-                verdict = "Your prediction matched." if self.matches(actual) else "Not what you predicted: worth a second look."
+                verdict = ("Your prediction matched." if self.matches(actual)
+                           else "Not what you predicted: worth a second look.")
                 lines[-1] += "  "
                 lines.append(f"*{verdict}*")
         if why:
@@ -430,28 +429,3 @@ def recap(
 ) -> None:
     """Display the recap and the pointer to the exercise(s) (see :func:`recap_markdown`)."""
     say(recap_markdown(points, exercise))
-
-
-# --------------------------------------------------------------------------------------------------------
-# Demonstration objects (module scope, so DataLoader workers can unpickle them under ``spawn``)
-# --------------------------------------------------------------------------------------------------------
-class CountingDataset(Dataset):
-    """Wrap ``dataset`` and count ``__getitem__`` calls in ``self.calls``: the worker-local state demonstration.
-
-    With ``num_workers=0`` the count grows in the notebook's process. With worker processes each worker
-    increments *its own copy* of the object (it was pickled or forked into the worker), so ``self.calls`` in the
-    notebook stays 0: per-worker counters, logs and caches are never aggregated back for you.
-    """
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-        self.calls = 0
-        # Keep the wrapped dataset's (index, aug_seed) protocol visible to make_loader.
-        self.accepts_aug_seed = bool(getattr(dataset, "accepts_aug_seed", False))
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getitem__(self, key: Any) -> Any:
-        self.calls += 1
-        return self.dataset[key]

@@ -217,17 +217,35 @@ class LoaderPlayground(widgets.VBox):
         self.rows: list[dict[str, Any]] = []
         self.plot_version = 0  # bumped on every redraw (tests and curious learners can watch it)
         self._last_traceback = ""
-        cuda = self.device.type == "cuda"
+        self._max_n_batches = max_n_batches or by_mode(smoke=10, full=200)
+        self._build_controls(n_batches or by_mode(smoke=3, full=40))
+        self._build_outputs()
+        self._tag_for_css()
+        self._wire_events()
+        self._update_enabled()
+        self._draw_plot()
+        title = widgets.HTML("<b>DataLoader playground</b>: change one setting at a time, press Run, compare "
+                             "samples/s.")
+        controls = widgets.VBox([
+            self.num_workers, self.batch_size, self.pin_memory, self.prefetch_factor, self.persistent_workers,
+            self.epochs, self.n_batches, self.hints,
+            widgets.HBox([self.run_button, self.sweep_button]), self.status,
+        ])
+        super().__init__([title, controls, self.progress, self.table, self.plot])
+        self.add_class(CSS_CLASSES["root"])
+
+    # --- building -------------------------------------------------------------------------------------
+    def _build_controls(self, n_batches: int) -> None:
+        """The sliders, boxes and buttons, limited to what this machine and dataset allow."""
         from course_lib.perf.loaders import usable_cores
 
+        cuda = self.device.type == "cuda"
         cores = usable_cores()  # the cores this process may use (container/affinity limits), not the machine's
         sizes = [b for b in BATCH_SIZES if b <= self.n_samples]
         batch = by_mode(smoke=16, full=64)
         batch = batch if batch in sizes else sizes[-1]
-        self._max_n_batches = max_n_batches or by_mode(smoke=10, full=200)
         wide = {"description_width": "130px"}
         layout = widgets.Layout(width="420px")
-
         self.num_workers = widgets.IntSlider(value=0, min=0, max=cores, description="num_workers", style=wide,
                                              layout=layout, tooltip="worker processes that load batches in parallel "
                                              f"(0 = the main process; {cores} cores are usable here)")
@@ -242,7 +260,7 @@ class LoaderPlayground(widgets.VBox):
                                                    tooltip="keep worker processes alive between epochs")
         self.epochs = widgets.IntSlider(value=1, min=1, max=3, description="epochs", style=wide, layout=layout,
                                         tooltip=PERSISTENT_HINT)
-        self.n_batches = widgets.IntSlider(value=min(n_batches or by_mode(smoke=3, full=40), self._max_n_batches),
+        self.n_batches = widgets.IntSlider(value=min(n_batches, self._max_n_batches),
                                            min=1, max=self._max_n_batches, description="n_batches", style=wide,
                                            layout=layout, tooltip="batches measured per epoch")
         self.hints = widgets.HTML()
@@ -252,6 +270,9 @@ class LoaderPlayground(widgets.VBox):
                                            layout=widgets.Layout(width="auto"),
                                            tooltip="baseline → workers → batch size → pinning → prefetch → "
                                                    "persistent workers")
+
+    def _build_outputs(self) -> None:
+        """The status line, the results table, the plot and the progress area."""
         self.status = widgets.HTML()
         self._say(f"Dataset: {self.n_samples} samples; batches go to <b>{self.device}</b>.")
         # Both stay inside the output area: the table scrolls in its own box, the plot scales down.
@@ -260,6 +281,8 @@ class LoaderPlayground(widgets.VBox):
         self.plot = widgets.Output(layout=widgets.Layout(width="100%", max_width="100%", overflow="auto"))
         self.progress = widgets.Output()
 
+    def _tag_for_css(self) -> None:
+        """Give every part its CSS class (the stylesheet and the browser tests find them by it)."""
         for name, widget in [("num_workers", self.num_workers), ("batch_size", self.batch_size),
                              ("pin_memory", self.pin_memory), ("prefetch_factor", self.prefetch_factor),
                              ("persistent_workers", self.persistent_workers), ("epochs", self.epochs),
@@ -268,24 +291,12 @@ class LoaderPlayground(widgets.VBox):
                              ("plot", self.plot), ("progress", self.progress)]:
             widget.add_class(CSS_CLASSES[name])
 
-        self.num_workers.observe(self._update_enabled, names="value")
-        self.batch_size.observe(self._update_enabled, names="value")
-        self.persistent_workers.observe(self._update_enabled, names="value")
-        self.epochs.observe(self._update_enabled, names="value")
+    def _wire_events(self) -> None:
+        """Re-check the controls when one changes; run a measurement when a button is pressed."""
+        for control in (self.num_workers, self.batch_size, self.persistent_workers, self.epochs):
+            control.observe(self._update_enabled, names="value")
         self.run_button.on_click(lambda _: self._guarded(self.run_once))
         self.sweep_button.on_click(lambda _: self._guarded(self.run_experiment_order))
-        self._update_enabled()
-        self._draw_plot()
-
-        title = widgets.HTML("<b>DataLoader playground</b>: change one setting at a time, press Run, compare "
-                             "samples/s.")
-        controls = widgets.VBox([
-            self.num_workers, self.batch_size, self.pin_memory, self.prefetch_factor, self.persistent_workers,
-            self.epochs, self.n_batches, self.hints,
-            widgets.HBox([self.run_button, self.sweep_button]), self.status,
-        ])
-        super().__init__([title, controls, self.progress, self.table, self.plot])
-        self.add_class(CSS_CLASSES["root"])
 
     # --- keeping the controls honest ------------------------------------------------------------------
     def _batches_available(self, batch_size: int) -> int:

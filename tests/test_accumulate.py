@@ -113,3 +113,42 @@ def test_train_accumulated_weights_each_group_by_its_samples() -> None:
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"{name} differs after accumulation")
     assert result["loss"] == pytest.approx(sum(losses) / 133, rel=1e-5)
+
+
+def test_summed_cross_entropy_skips_padding_in_sum_and_count() -> None:
+    from course_lib.train.loss import IGNORE_INDEX, mean_cross_entropy, summed_cross_entropy
+
+    logits = torch.randn(2, 3, 5)  # [B, T, V]: a language model's output
+    targets = torch.tensor([[1, 4, IGNORE_INDEX], [0, IGNORE_INDEX, IGNORE_INDEX]])
+    loss_sum, count = summed_cross_entropy(logits, targets)
+    real = [(0, 0), (0, 1), (1, 0)]
+    expected = sum(F.cross_entropy(logits[b, t][None], targets[b, t][None]) for b, t in real)
+    assert int(count) == 3
+    torch.testing.assert_close(loss_sum, expected)
+    torch.testing.assert_close(mean_cross_entropy(logits, targets), expected / 3)
+
+
+def test_take_group_cuts_a_stream_into_groups() -> None:
+    from course_lib.train import take_group
+
+    batches = iter(range(10))
+    assert [take_group(batches, 4) for _ in range(4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], []]
+
+
+def test_batch_stream_groups_never_span_epochs_and_count_samples() -> None:
+    from course_lib.data import make_loader
+    from course_lib.train.stream import BatchStream
+
+    data = TensorDataset(torch.arange(10.0), torch.zeros(10, dtype=torch.long))
+    stream = BatchStream(make_loader(data, batch_size=2, train=True))  # 5 batches per epoch
+    sizes = []
+    for _ in range(4):
+        group = stream.next_group(3)
+        sizes.append(len(group))
+        if len(sizes) == 1:
+            assert (stream.epoch, stream.position) == (0, 6)
+    assert sizes == [3, 2, 3, 2]  # each epoch's last group is short
+    assert stream.state_dict() == {"epoch": 2, "samples_in_epoch": 0, "exact": True}
+    empty = BatchStream(DataLoader(TensorDataset(torch.zeros(0)), batch_size=2))
+    with pytest.raises(RuntimeError, match="yields no batches"):
+        empty.next_group(2)

@@ -234,12 +234,27 @@ def test_make_loader_rejects_bad_arguments(shapes, kwargs, argument):
 
 
 def test_make_loader_defaults(shapes):
-    train = make_loader(shapes.train, batch_size=7, train=True, pin_memory=True)
+    train = make_loader(shapes.train, batch_size=7, train=True)
     val = make_loader(shapes.val, batch_size=7, train=False)
     assert train.drop_last and not val.drop_last
-    assert train.pin_memory == torch.cuda.is_available()  # pinning only helps CUDA transfers
+    assert not train.pin_memory
     assert sum(len(y) for _, y in val) == len(shapes.val)
     assert [y.tolist() for _, y in val] == [y.tolist() for _, y in val]  # stable validation order
+
+
+def test_make_loader_pin_memory_without_cuda_says_so_once(shapes, monkeypatch):
+    import warnings
+
+    from course_lib.data import loaders
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    loaders._warn_pinning_needs_cuda.cache_clear()
+    with pytest.warns(UserWarning, match="no CUDA device here, so batches are not pinned"):
+        pinned = make_loader(shapes.train, batch_size=7, train=True, pin_memory=True)
+    assert pinned.pin_memory is False  # pinning only helps CUDA transfers
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second loader: no second warning
+        assert make_loader(shapes.val, batch_size=7, train=False, pin_memory=True).pin_memory is False
 
 
 # --- text --------------------------------------------------------------------------------------------------------
@@ -306,3 +321,17 @@ def test_cli_prepare_and_info(capsys):
     assert data_cli(["info"]) == 0
     out = capsys.readouterr().out
     assert "shapes" in out and "circle" in out and os.environ["COURSE_DATA_DIR"] in out
+
+
+def test_counting_dataset_counts_only_in_its_own_process() -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from course_lib.data import CountingDataset
+
+    ds = CountingDataset(TensorDataset(torch.arange(8.0)))
+    assert len(ds) == 8
+    list(DataLoader(ds, batch_size=4, num_workers=0))
+    assert ds.calls == 8  # main process: counted here
+    list(DataLoader(ds, batch_size=4, num_workers=1))
+    assert ds.calls == 8  # the worker counted in its own copy; nothing came back

@@ -164,18 +164,6 @@ def test_display_helpers_run_outside_a_notebook(capsys: pytest.CaptureFixture[st
     assert out  # each helper displayed something
 
 
-def test_counting_dataset_counts_only_in_its_own_process() -> None:
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    ds = lesson.CountingDataset(TensorDataset(torch.arange(8.0)))
-    assert len(ds) == 8
-    list(DataLoader(ds, batch_size=4, num_workers=0))
-    assert ds.calls == 8  # main process: counted here
-    list(DataLoader(ds, batch_size=4, num_workers=1))
-    assert ds.calls == 8  # the worker counted in its own copy; nothing came back
-
-
 def test_unattended_runs_write_reveals_out_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lesson, "_in_live_kernel", lesson._in_live_kernel)
     import IPython

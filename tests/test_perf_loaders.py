@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from course_lib.data import LoaderConfigError
+from course_lib.perf import timing
 from course_lib.perf.loaders import (compare_loaders, experiment_order, loader_sweep, measure_loader,
                                      recommend_workers)
 from course_lib.perf.synthetic import SyntheticImages
@@ -53,13 +54,30 @@ def test_measure_loader_shares_make_loader_validation() -> None:
         measure_loader(data, n_batches=10, batch_size=4)
 
 
-def test_steady_rate_excludes_each_epochs_first_batch() -> None:
-    data = SyntheticImages(n=24, shape=(3, 8, 8))
+class TimedSamples(SyntheticImages):
+    """Each sample advances a fake clock by 10 ms: a batch of 4 takes 40 ms, whatever the machine."""
+
+    def __init__(self, clock: list[float], n: int) -> None:
+        super().__init__(n=n, shape=(3, 8, 8))
+        self.clock = clock
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+        self.clock[0] += 0.010
+        return super().__getitem__(key)
+
+
+def test_steady_rate_excludes_each_epochs_first_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(timing, "_clock", lambda: clock[0])
+    data = TimedSamples(clock, n=24)
     one = measure_loader(data, n_batches=1, batch_size=4)
     assert one["steady_samples_per_s"] is None  # nothing is left after the first batch
+    assert one["first_batch_s"] == pytest.approx(0.04) and one["samples_per_s"] == pytest.approx(100)
     two_epochs = measure_loader(data, n_batches=3, batch_size=4, epochs=2)
-    assert two_epochs["samples"] == 24 and two_epochs["steady_samples_per_s"] > 0
-    assert len(two_epochs["epoch_first_batch_s"]) == 2
+    assert (two_epochs["samples"], two_epochs["batches"]) == (24, 6)
+    assert two_epochs["total_s"] == pytest.approx(0.24) and two_epochs["samples_per_s"] == pytest.approx(100)
+    assert two_epochs["steady_samples_per_s"] == pytest.approx(100)  # 2 x 8 samples in 2 x 80 ms
+    assert two_epochs["epoch_first_batch_s"] == pytest.approx([0.04, 0.04])
 
 
 def test_compare_loaders_warms_up_interleaves_and_gives_verdicts() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from course_lib.data import make_loader
+from course_lib.perf import timing
 from course_lib.perf.stepsplit import Split, plot_splits, time_split
 from course_lib.perf.synthetic import SyntheticImages
 
@@ -13,19 +15,40 @@ def tiny_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 10))
 
 
-def test_sleeping_dataset_is_input_bound() -> None:
-    data = SyntheticImages(n=64, shape=(3, 4, 4), sleep_s=0.05)
-    loader = make_loader(data, batch_size=4, train=True)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # on a busy machine, a thread per core stalls even this tiny model's step
-    try:
-        split = time_split(tiny_model(), loader, device="cpu", steps=3)
-    finally:
-        torch.set_num_threads(threads)
+class ClockedSamples(SyntheticImages):
+    """Each sample advances a fake clock by 50 ms: a batch of 4 waits 200 ms for data."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__(n=64, shape=(3, 4, 4))
+        self.clock = clock
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+        self.clock[0] += 0.050
+        return super().__getitem__(key)
+
+
+class ClockedModel(torch.nn.Module):
+    """A forward pass that advances the fake clock by 100 ms."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock, self.net = clock, tiny_model()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock[0] += 0.100
+        return self.net(x)
+
+
+def test_slow_data_is_input_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(timing, "_clock", lambda: clock[0])
+    loader = make_loader(ClockedSamples(clock), batch_size=4, train=True)
+    split = time_split(ClockedModel(clock), loader, device="cpu", steps=3)
     assert split.steps == 3
-    assert split.fractions["data"] > 0.5
-    assert sum(split.fractions.values()) == __import__("pytest").approx(1.0)
-    assert split.verdict().startswith("input-bound")
+    assert split.data_s == pytest.approx([0.2] * 3) and split.compute_s == pytest.approx([0.1] * 3)
+    assert split.fractions == pytest.approx({"data": 2 / 3, "transfer": 0.0, "compute": 1 / 3})
+    assert split.per_step_ms == pytest.approx({"data": 200.0, "transfer": 0.0, "compute": 100.0})
+    assert split.verdict().startswith("input-bound: the model waited for data 67% of the time (200.0 of 300.0 ms")
 
 
 def test_heavy_model_is_compute_bound() -> None:

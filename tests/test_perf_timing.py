@@ -61,10 +61,13 @@ def test_measure_latency_runs_under_inference_mode() -> None:
 def test_timer_synchronises_cuda_at_enter_and_exit(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_clock", clock)
     with timing.Timer("cuda") as t:
         assert len(calls) == 1
+        clock.now += 0.25
     assert len(calls) == 2
-    assert t.elapsed >= 0
+    assert t.elapsed == 0.25
 
 
 def test_cuda_timing_uses_events_and_synchronises(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,11 +93,21 @@ def test_cuda_timing_uses_events_and_synchronises(monkeypatch: pytest.MonkeyPatc
     assert len(syncs) >= 6  # at least one synchronise per timed call
 
 
-def test_throughput_and_end_to_end() -> None:
-    model = torch.nn.Linear(8, 3)
-    assert timing.throughput(model, torch.randn(32, 8), device="cpu", warmup=1, reps=3) > 0
-    res = timing.end_to_end_latency(lambda x: model(x * 2).argmax(-1), torch.randn(1, 8), warmup=1, reps=3)
-    assert res.what == "end-to-end" and len(res.times_ms) == 3
+def test_throughput_and_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_clock", clock)
+    model = SlowThenFast(clock, slow=1)  # the warm-up call takes 100 s and must not count
+    big = timing.measure_latency(model, torch.randn(32, 4), device="cpu", warmup=1, reps=3)
+    assert big.samples_per_s == pytest.approx(32_000)  # 32 samples per 1 ms
+    res = timing.end_to_end_latency(lambda x: model(x * 2).argmax(-1), torch.randn(1, 4), warmup=1, reps=3)
+    assert res.what == "end-to-end" and res.times_ms == pytest.approx([1.0] * 3)
+
+
+def test_now_reads_the_substitutable_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    clock.now = 12.5
+    monkeypatch.setattr(timing, "_clock", clock)
+    assert timing.now() == 12.5
 
 
 def test_bad_counts_are_rejected_before_work() -> None:

@@ -4,7 +4,8 @@ Files, one idea each:
 
 * ``shapes.py``    generate the offline JPEG dataset (coloured shapes, deterministic from a seed)
 * ``verify.py``    check a generated dataset against its manifest (classes, sizes, CRC-32) and repair it
-* ``images.py``    image datasets that decode + augment in ``__getitem__``; :func:`load_image_datasets`
+* ``imagedata.py`` what image datasets share: keyed ``__getitem__``, the transform, :class:`ImageData`
+* ``images.py``    the shapes image folder (decode + augment in ``__getitem__``); :func:`load_image_datasets`
 * ``cifar.py``     CIFAR-10 through torchvision (offline-first, clear error when absent)
 * ``corpus.py``    a generated text corpus (template grammar, one story per line)
 * ``text.py``      character-level datasets with variable-length samples and :func:`pad_collate`
@@ -12,6 +13,7 @@ Files, one idea each:
 * ``sampler.py``   :class:`ResumableSampler`: order from (seed, epoch), sharding, resume position
 * ``loaders.py``   :func:`make_loader` (every argument validated) and :func:`seed_worker`
 * ``in_memory.py`` :class:`DeviceBatcher`: the whole dataset on the device, augmented there
+* ``counting.py``  :class:`CountingDataset`: shows that each worker process has its own copy of the dataset
 * ``cli.py``       ``python -m course_lib data prepare|info``
 
 The names below are imported on first use (``course_lib.data.make_loader`` works as usual), so that
@@ -21,15 +23,15 @@ The names below are imported on first use (``course_lib.data.make_loader`` works
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "DatasetUnavailable": "errors", "LoaderConfigError": "errors", "DataError": "errors",
     "DataReport": "verify", "check_shapes": "verify", "repair_shapes": "verify", "verify_shapes": "verify",
     "CLASS_NAMES": "shapes", "generate_shapes": "shapes", "prepare_shapes": "shapes", "shapes_root": "shapes",
-    "ImageData": "images", "KeyedImageFolder": "images", "image_transform": "images",
-    "load_image_datasets": "images",
+    "ImageData": "imagedata", "KeyedImages": "imagedata", "image_transform": "imagedata",
+    "KeyedImageFolder": "images", "load_image_datasets": "images",
     "KeyedCIFAR10": "cifar", "ensure_cifar10": "cifar",
     "generate_text": "corpus", "prepare_text": "corpus",
     "IGNORE_INDEX": "text", "CharLinesDataset": "text", "TextData": "text", "load_text_datasets": "text",
@@ -37,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "split_key": "keys", "with_seed": "keys",
     "ResumableSampler": "sampler", "aug_seed_for": "sampler",
     "make_loader": "loaders", "seed_worker": "loaders",
+    "CountingDataset": "counting",
     "DeviceBatcher": "in_memory", "ImageTensors": "in_memory", "load_image_tensors": "in_memory",
     "to_uint8_tensors": "in_memory",
 }
@@ -54,16 +57,3 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)
 
-
-if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eagerly
-    from course_lib.data.cifar import KeyedCIFAR10, ensure_cifar10
-    from course_lib.data.corpus import generate_text, prepare_text
-    from course_lib.data.errors import DataError, DatasetUnavailable, LoaderConfigError
-    from course_lib.data.images import ImageData, KeyedImageFolder, image_transform, load_image_datasets
-    from course_lib.data.in_memory import DeviceBatcher, ImageTensors, load_image_tensors, to_uint8_tensors
-    from course_lib.data.keys import split_key, with_seed
-    from course_lib.data.loaders import make_loader, seed_worker
-    from course_lib.data.sampler import ResumableSampler, aug_seed_for
-    from course_lib.data.shapes import CLASS_NAMES, generate_shapes, prepare_shapes, shapes_root
-    from course_lib.data.verify import DataReport, check_shapes, repair_shapes, verify_shapes
-    from course_lib.data.text import IGNORE_INDEX, CharLinesDataset, TextData, load_text_datasets, pad_collate

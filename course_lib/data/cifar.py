@@ -10,17 +10,13 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
-
-import torch
 from PIL import Image
 from torchvision.datasets import CIFAR10
 from torchvision.datasets.utils import extract_archive
 
 from course_lib import mode
 from course_lib.data.errors import DatasetUnavailable
-from course_lib.data.images import ImageData, image_transform
-from course_lib.data.keys import split_key, with_seed
+from course_lib.data.imagedata import ImageData, KeyedImages, image_transform
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 ARCHIVE = "cifar-10-python.tar.gz"
@@ -30,20 +26,12 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 DOWNLOAD_TIMEOUT_S = 20
 
 
-class KeyedCIFAR10(CIFAR10):
+class KeyedCIFAR10(KeyedImages, CIFAR10):
     """``torchvision.datasets.CIFAR10`` whose ``__getitem__`` also accepts ``(index, aug_seed)`` keys."""
-
-    accepts_aug_seed = True
 
     def load_image(self, index: int) -> tuple[Image.Image, int]:
         """The raw ``(PIL image, label)`` (CIFAR-10 is stored decoded, as one uint8 array)."""
         return Image.fromarray(self.data[index]), int(self.targets[index])
-
-    def __getitem__(self, key: Any) -> tuple[torch.Tensor, int]:  # type: ignore[override]
-        index, aug_seed = split_key(key, len(self.data))
-        image, label = self.load_image(index)
-        assert self.transform is not None
-        return with_seed(lambda: self.transform(image), aug_seed), label
 
 
 def cifar_root(root: str | Path | None = None) -> Path:

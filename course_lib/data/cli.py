@@ -110,7 +110,8 @@ def info() -> int:
     else:
         print(f"text:    {text}  (not generated yet: python -m course_lib data prepare)")
     cifar = cifar_root()
-    state = "present" if cifar_present(cifar) else "absent (optional; load_image_datasets('cifar10') explains how to add it)"
+    state = ("present" if cifar_present(cifar)
+             else "absent (optional; load_image_datasets('cifar10') explains how to add it)")
     allow = os.environ.get("COURSE_ALLOW_DOWNLOAD", "1")
     print(f"cifar10: {cifar}  {state}; COURSE_ALLOW_DOWNLOAD={allow}")
     return 0

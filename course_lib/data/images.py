@@ -1,62 +1,34 @@
-"""Image datasets that decode and augment in ``__getitem__``, and :func:`load_image_datasets`.
+"""The generated shapes as an image folder that decodes and augments in ``__getitem__``, and
+:func:`load_image_datasets` (shapes or CIFAR-10).
 
 Each sample is produced on demand: read the file, decode the JPEG, augment, convert to a normalised float tensor.
 That per-sample CPU work is exactly what ``DataLoader(num_workers=...)`` parallelises; doing it in
 ``__getitem__`` (not once up front) is what lets workers overlap it with the model's compute.
-
-Keys are ``int`` or ``(index, aug_seed)`` (see :mod:`course_lib.data.keys`): with a seed, the random crop, flip
-and colour jitter are a pure function of that seed, so a resumed run, or one with a different number of workers,
-sees exactly the same pixels.
+Keys and augmentation: :mod:`course_lib.data.imagedata`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
-from torchvision.transforms import v2
 
+from course_lib.data.cifar import load_cifar10
 from course_lib.data.errors import DataError
-from course_lib.data.keys import split_key, with_seed
+from course_lib.data.imagedata import ImageData, KeyedImages, image_transform
 from course_lib.data.shapes import SHAPES_IMAGE_SIZE, prepare_shapes, read_meta
 from course_lib.data.verify import check_shapes
 
 
-def image_transform(
-    size: int, mean: Sequence[float], std: Sequence[float], *, augment: bool, crop: str = "resized"
-) -> Callable[[Image.Image], torch.Tensor]:
-    """The PIL -> normalised tensor pipeline.
-
-    Training (``augment=True``): a random crop (``"resized"``: RandomResizedCrop, which also resamples, the
-    costly part; ``"pad"``: CIFAR's classic 4-pixel pad-and-crop), a horizontal flip and a colour jitter.
-    Validation: a deterministic resize only, so every evaluation sees the same pixels.
-    """
-    steps: list[Any] = []
-    if augment and crop == "resized":
-        steps.append(v2.RandomResizedCrop(size, scale=(0.55, 1.0), ratio=(0.8, 1.25), antialias=True))
-    elif augment and crop == "pad":
-        steps += [v2.Resize(size, antialias=True), v2.RandomCrop(size, padding=size // 8, padding_mode="reflect")]
-    else:
-        steps.append(v2.Resize((size, size), antialias=True))
-    if augment:
-        steps += [v2.RandomHorizontalFlip(), v2.ColorJitter(brightness=0.3, contrast=0.3, saturation=0.3)]
-    steps += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
-    return v2.Compose(steps)
-
-
-class KeyedImageFolder(ImageFolder):
+class KeyedImageFolder(KeyedImages, ImageFolder):
     """``torchvision.datasets.ImageFolder`` whose ``__getitem__`` also accepts ``(index, aug_seed)``.
 
     The folder scan (classes = sorted sub-folders, ``self.samples`` = ``(path, label)`` pairs) is
     torchvision's; only the keyed augmentation is added. Module scope, so it pickles under ``spawn``.
     """
-
-    accepts_aug_seed = True
 
     def __init__(self, root: str | Path, transform: Callable[[Image.Image], torch.Tensor]) -> None:
         super().__init__(str(root), transform=transform)
@@ -74,31 +46,6 @@ class KeyedImageFolder(ImageFolder):
             raise DataError(f"{path} cannot be decoded ({exc}); the file is damaged. Repair the data with "
                             "`python -m course_lib data prepare`, or replace that file.") from None
 
-    def __getitem__(self, key: Any) -> tuple[torch.Tensor, int]:  # type: ignore[override]
-        index, aug_seed = split_key(key, len(self.samples))
-        image, label = self.load_image(index)
-        assert self.transform is not None
-        return with_seed(lambda: self.transform(image), aug_seed), label
-
-
-@dataclass
-class ImageData:
-    """What :func:`load_image_datasets` returns.
-
-    ``train``/``val`` yield ``(float tensor [C, H, W] normalised, int label)``; ``mean``/``std`` are the
-    per-channel constants used by ``Normalize`` (also what :class:`DeviceBatcher` should use).
-    """
-
-    train: Dataset
-    val: Dataset
-    num_classes: int
-    image_size: int
-    class_names: list[str]
-    root: Path
-    mean: tuple[float, ...] = field(default=(0.5, 0.5, 0.5))
-    std: tuple[float, ...] = field(default=(0.25, 0.25, 0.25))
-    name: str = "shapes"
-
 
 def load_image_datasets(
     name: str = "shapes", *, root: str | Path | None = None, augment: bool = True, size: int | None = None,
@@ -115,8 +62,6 @@ def load_image_datasets(
     if size is not None and (not isinstance(size, int) or size < 8):
         raise ValueError(f"load_image_datasets: size={size!r} must be an int >= 8 (side length in pixels).")
     if name == "cifar10":
-        from course_lib.data.cifar import load_cifar10
-
         return load_cifar10(root=root, augment=augment, size=size, download=download)
     if name != "shapes":
         raise ValueError(f"load_image_datasets: name={name!r} is unknown; use 'shapes' (offline) or 'cifar10'.")

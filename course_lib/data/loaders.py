@@ -12,8 +12,9 @@ The DataLoader knobs and what they trade:
   Also only meaningful with workers.
 * ``pin_memory``: copy batches into page-locked host memory, which lets ``tensor.to("cuda", non_blocking=True)``
   run as an asynchronous DMA transfer that overlaps with compute. It only helps with a CUDA device, and pinning
-  costs a copy and locked RAM, so it is applied only when ``torch.cuda.is_available()``; elsewhere it is a
-  documented no-op (no warning, no error), so one notebook runs unchanged on a laptop and on a GPU machine.
+  costs a copy and locked RAM, so it is applied only when ``torch.cuda.is_available()``; elsewhere the loader
+  does not pin and says so once per process (a warning, not an error), so one notebook runs unchanged on a
+  laptop and on a GPU machine.
 * ``shuffle``: training reads a fresh permutation per epoch (through :class:`ResumableSampler`); validation
   reads a stable order so two evaluations are comparable.
 * ``drop_last``: defaults to True for training (every step sees the same batch shape: no tiny last batch that
@@ -28,7 +29,9 @@ Reproducibility: the order comes from the sampler (a pure function of seed and e
 
 from __future__ import annotations
 
+import functools
 import random
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -83,9 +86,62 @@ def make_loader(
     ``set_epoch``/``set_position``); it yields ``(index, aug_seed)`` keys when the dataset declares
     ``accepts_aug_seed = True``. ``train=False``: stable order, no repeated samples. ``rank``/``world_size``
     shard the data across distributed processes. ``multiprocessing_context`` (e.g. ``"spawn"``) picks how worker
-    processes start.
+    processes start. ``pin_memory=True`` without CUDA warns once and does not pin (see the module docstring).
     """
-    # --- validate everything before building anything --------------------------------------------------------
+    _check_arguments(
+        batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+        persistent_workers=persistent_workers, drop_last=drop_last, collate_fn=collate_fn, seed=seed,
+        sampler=sampler, rank=rank, world_size=world_size, multiprocessing_context=multiprocessing_context,
+    )
+    n = _dataset_length(dataset)
+    drop_last = train if drop_last is None else drop_last
+    shard = -(-n // world_size)
+    _check(not (drop_last and shard < batch_size),
+           f"batch_size={batch_size} is larger than the {shard} samples this process reads, and drop_last=True "
+           "would drop them all (zero batches). Lower batch_size or pass drop_last=False.")
+    if sampler is None:
+        sampler = ResumableSampler(
+            n, shuffle=train, seed=seed, rank=rank, world_size=world_size,
+            yield_seeds=train and bool(getattr(dataset, "accepts_aug_seed", False)),
+            pad=train,  # validation shards never repeat a sample, so every sample is counted once
+        )
+    workers: dict[str, Any] = {}
+    if num_workers > 0:
+        workers = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
+                   "worker_init_fn": seed_worker, "multiprocessing_context": multiprocessing_context}
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_fn if collate_fn is not None else getattr(dataset, "default_collate_fn", None),
+        pin_memory=_pin_memory_possible(pin_memory),
+        drop_last=drop_last,
+        generator=torch.Generator().manual_seed(seed),
+        **workers,
+    )
+
+
+def _check_arguments(
+    *,
+    batch_size: Any,
+    num_workers: Any,
+    pin_memory: Any,
+    prefetch_factor: Any,
+    persistent_workers: Any,
+    drop_last: Any,
+    collate_fn: Any,
+    seed: Any,
+    sampler: Any,
+    rank: Any,
+    world_size: Any,
+    multiprocessing_context: Any,
+) -> None:
+    """Raise :class:`LoaderConfigError` naming the first argument of :func:`make_loader` that is invalid.
+
+    Checks the arguments alone and in combination (e.g. ``prefetch_factor`` needs workers); the checks that need
+    the dataset (its length against ``batch_size``) are made by :func:`make_loader`.
+    """
     _check(_is_int(batch_size) and batch_size >= 1,
            f"batch_size={batch_size!r} must be an int >= 1 (samples per batch).")
     _check(_is_int(num_workers) and num_workers >= 0,
@@ -119,39 +175,31 @@ def make_loader(
     _check(sampler is None or (rank == 0 and world_size == 1),
            f"sampler was given together with rank={rank}, world_size={world_size}: a custom sampler does its own "
            "sharding. Pass rank/world_size to the sampler, or drop sampler to get a ResumableSampler.")
+
+
+def _dataset_length(dataset: Dataset) -> int:
+    """``len(dataset)``, or a :class:`LoaderConfigError` when it has none or is empty."""
     try:
         n = len(dataset)  # type: ignore[arg-type]
     except TypeError:
         raise LoaderConfigError(f"dataset={type(dataset).__name__} has no len(); make_loader needs a map-style "
                                 "dataset (with __len__ and __getitem__).") from None
     _check(n >= 1, f"dataset={type(dataset).__name__} is empty (len 0); check its path or generation.")
-    drop_last = train if drop_last is None else drop_last
-    shard = -(-n // world_size)
-    _check(not (drop_last and shard < batch_size),
-           f"batch_size={batch_size} is larger than the {shard} samples this process reads, and drop_last=True "
-           "would drop them all (zero batches). Lower batch_size or pass drop_last=False.")
+    return n
 
-    # --- build ------------------------------------------------------------------------------------------------
-    if sampler is None:
-        sampler = ResumableSampler(
-            n, shuffle=train, seed=seed, rank=rank, world_size=world_size,
-            yield_seeds=train and bool(getattr(dataset, "accepts_aug_seed", False)),
-            pad=train,  # validation shards never repeat a sample, so every sample is counted once
-        )
-    if collate_fn is None:
-        collate_fn = getattr(dataset, "default_collate_fn", None)
-    extra: dict[str, Any] = {}
-    if num_workers > 0:
-        extra = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
-                 "worker_init_fn": seed_worker, "multiprocessing_context": multiprocessing_context}
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=collate_fn,
-        pin_memory=pin_memory and torch.cuda.is_available(),
-        drop_last=drop_last,
-        generator=torch.Generator().manual_seed(seed),
-        **extra,
+
+def _pin_memory_possible(pin_memory: bool) -> bool:
+    """``pin_memory`` where CUDA is available; without CUDA, False (with a one-time warning if it was asked for)."""
+    if pin_memory and not torch.cuda.is_available():
+        _warn_pinning_needs_cuda()
+        return False
+    return pin_memory
+
+
+@functools.cache
+def _warn_pinning_needs_cuda() -> None:
+    warnings.warn(
+        "make_loader(pin_memory=True): no CUDA device here, so batches are not pinned (pinning only speeds up "
+        "copies to a CUDA GPU). The same code pins on a GPU machine; this is said once per process.",
+        stacklevel=4,
     )

@@ -1,8 +1,8 @@
 """Character-level text: a small generated corpus, variable-length samples, and padding collation.
 
-The corpus is produced locally by a template grammar (:mod:`course_lib.data.corpus`) (short stories of one to several sentences), so it is
-offline and deterministic, and its lines vary a lot in length: exactly the case where the default collation
-(which stacks equal-shaped tensors) fails and a padding ``collate_fn`` is needed.
+The corpus is produced locally by a template grammar (:mod:`course_lib.data.corpus`: short stories of one to
+several sentences), so it is offline and deterministic, and its lines vary a lot in length: exactly the case
+where the default collation (which stacks equal-shaped tensors) fails and a padding ``collate_fn`` is needed.
 
 One line = one sample: ``dataset[i]`` is a ``LongTensor[L]`` of character ids, ending with ``"\\n"``.
 :func:`pad_collate` turns a list of them into ``(x[B, T], y[B, T], lengths[B])`` where ``y`` is ``x`` shifted

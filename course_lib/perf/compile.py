@@ -32,16 +32,15 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from course_lib.device import synchronize
+from course_lib.train.loss import mean_cross_entropy
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -56,7 +55,8 @@ def compile_blocker(device: torch.device | str = "cpu", backend: str = "inductor
         from torch._dynamo.eval_frame import is_dynamo_supported
 
         if not is_dynamo_supported():
-            return f"TorchDynamo does not support this platform/Python ({sys.platform}, Python {sys.version.split()[0]})."
+            return (f"TorchDynamo does not support this platform/Python ({sys.platform}, "
+                    f"Python {sys.version.split()[0]}).")
     except Exception as exc:  # noqa: BLE001 - any failure here means compile is unusable
         return f"TorchDynamo could not be imported: {exc}"
     if backend != "inductor":
@@ -127,9 +127,7 @@ def warm_compile(model: torch.nn.Module, example: Any) -> tuple[torch.nn.Module,
 
 def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
     x, y = batch
-    out = model(x)
-    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=-100)
-    loss.backward()
+    mean_cross_entropy(model(x), y).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
 

@@ -23,7 +23,6 @@ Every measurement builds its loader through :func:`course_lib.data.make_loader`,
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from typing import Any, Callable, Iterable, Sequence
 
@@ -34,8 +33,7 @@ from torch.utils.data import Dataset
 from course_lib.device import synchronize
 from course_lib.perf.compare import Comparison, compare
 from course_lib.perf.memory import host_rss_mb, process_footprint_mb
-from course_lib.perf.timing import _first_tensor, to_device
-from course_lib.perf import timing as _timing
+from course_lib.perf.timing import first_tensor, now, to_device
 
 CONFIG_KEYS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers", "epochs")
 
@@ -65,7 +63,7 @@ def _make_loader(dataset: Dataset, **kwargs: Any) -> torch.utils.data.DataLoader
 
 
 def _batch_size_of(batch: Any) -> int:
-    first = _first_tensor(batch)
+    first = first_tensor(batch)
     return int(first.shape[0]) if first is not None and first.dim() > 0 else 1
 
 
@@ -116,44 +114,50 @@ def measure_loader(
             f"n_batches={n_batches} but the dataset only gives {available} batches of {batch_size} per epoch; "
             "lower n_batches or batch_size."
         )
-    clock = _timing._clock
-    samples = batches = 0
-    epoch_first: list[float] = []
-    steady_s, steady_samples = 0.0, 0
-    memory: dict[str, Any] = {}
-    paused = 0.0  # seconds spent reading memory, taken off the clock
-    synchronize(device)
-    t_start = clock()
-    for _ in range(epochs):
-        t0 = clock()
-        it = iter(loader)
-        for i in range(n_batches):
-            batch = next(it)
-            batch = to_device(batch, device, non_blocking=pin_memory)
-            if i == 0:
-                synchronize(device)
-                epoch_first.append(clock() - t0)
-                if not memory:  # first epoch: read memory while the workers are alive
-                    t_read = clock()
-                    memory = _memory_now()
-                    paused += clock() - t_read
-            n = _batch_size_of(batch)
-            samples += n
-            batches += 1
-            if i == 0:
-                t_first = clock()
-            else:
-                steady_samples += n
-        synchronize(device)
-        steady_s += clock() - t_first
-        del it  # non-persistent workers shut down here; persistent ones wait for the next epoch
-    synchronize(device)
-    total = clock() - t_start - paused
+    timed = _time_epochs(loader, n_batches=n_batches, epochs=epochs, device=device, non_blocking=pin_memory)
     return {
         "num_workers": num_workers, "batch_size": batch_size, "pin_memory": pin_memory,
         "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "epochs": epochs,
-        "device": str(device), "n_batches": n_batches, "batches": batches, "samples": samples,
-        "total_s": total, "samples_per_s": samples / total if total > 0 else float("inf"),
+        "device": str(device), "n_batches": n_batches, **timed,
+    }
+
+
+def _time_epochs(
+    loader: Iterable[Any], *, n_batches: int, epochs: int, device: torch.device, non_blocking: bool
+) -> dict[str, Any]:
+    """Deliver ``n_batches`` per epoch to ``device``; the timing and memory fields of :func:`measure_loader`."""
+    samples = batches = steady_samples = 0
+    epoch_first: list[float] = []
+    steady_s = 0.0
+    memory: dict[str, Any] = {}
+    paused = 0.0  # seconds spent reading memory, taken off the clock
+    synchronize(device)
+    t_start = now()
+    for _ in range(epochs):
+        t0 = now()
+        it = iter(loader)
+        for i in range(n_batches):
+            n = _batch_size_of(to_device(next(it), device, non_blocking=non_blocking))
+            samples += n
+            batches += 1
+            if i == 0:
+                synchronize(device)
+                epoch_first.append(now() - t0)
+                if not memory:  # first epoch: read memory while the workers are alive
+                    t_read = now()
+                    memory = _memory_now()
+                    paused += now() - t_read
+                t_first = now()
+            else:
+                steady_samples += n
+        synchronize(device)
+        steady_s += now() - t_first
+        del it  # non-persistent workers shut down here; persistent ones wait for the next epoch
+    synchronize(device)
+    total = now() - t_start - paused
+    return {
+        "batches": batches, "samples": samples, "total_s": total,
+        "samples_per_s": samples / total if total > 0 else float("inf"),
         "steady_samples_per_s": steady_samples / steady_s if steady_samples and steady_s > 0 else None,
         "first_batch_s": epoch_first[0], "epoch_first_batch_s": epoch_first, **memory,
     }
@@ -300,17 +304,18 @@ def compare_loaders(
 ) -> tuple[Comparison, list[dict[str, Any]]]:
     """Measure loader configurations through the course's protocol (:func:`course_lib.perf.compare.compare`).
 
-    Each configuration is a contender named by its ``label``; one call builds its loader and delivers
-    ``n_batches`` per epoch (worker start-up included, as in training) -- or, with ``n_samples`` instead, as many
-    batches as make ``n_samples`` samples at that config's batch size, so every config does the same work. Every contender is warmed up once, then
-    the rounds run them in alternating order, so a cold cache or a burst of load elsewhere hits all of them
-    alike; ``budget_s`` stops the rounds early (never before three), and when the first warm-up shows that even
-    three rounds would overrun it (a busy machine), every config's epoch is shortened by the same factor (to no
-    less than a tenth, and two batches; ``rows[i]["n_batches"]`` says what was measured) so the comparison fits. Returns the :class:`Comparison` (ask it for
-    verdicts: ``comparison.verdict("workers=2", "workers=0 (main process)")``) and one row per config as
+    Each configuration is a contender named by its ``label``; one call builds its loader and delivers ``n_batches``
+    per epoch (worker start-up included, as in training) -- or, with ``n_samples`` instead, as many batches as make
+    ``n_samples`` samples at that config's batch size, so every config does the same work. Every contender is warmed
+    up once, then the rounds run them in alternating order, so a cold cache or a burst of load elsewhere hits all of
+    them alike; ``budget_s`` stops the rounds early (never before three), and when the first warm-up shows that even
+    three rounds would overrun it (a busy machine), every config's epoch is shortened by the same factor (to no less
+    than a tenth, and two batches; ``rows[i]["n_batches"]`` says what was measured) so the comparison fits. Returns
+    the :class:`Comparison` (ask it for verdicts: ``comparison.verdict("workers=2", "workers=0 (main process)")``)
+    and one row per config as
     :func:`loader_sweep` gives them: the run with the median time, ``samples_per_s`` at the median time over the
-    rounds, ``speedup`` over the first measured config, ``rounds``. Pinned-memory configs on a non-CUDA device
-    are not measured (``skipped`` says why).
+    rounds, ``speedup`` over the first measured config, ``rounds``. Pinned-memory configs on a non-CUDA device are
+    not measured (``skipped`` says why).
     """
     if (n_batches is None) == (n_samples is None):
         raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")
@@ -385,12 +390,6 @@ def compare_loaders(
             row["speedup"] = m.rate / base
         rows.append(row)
     return comparison, rows
-
-
-def median_samples_per_s(rows: Sequence[dict[str, Any]]) -> float:
-    """Median samples/s over measured rows (helper for summaries)."""
-    values = [r["samples_per_s"] for r in rows if r.get("samples_per_s")]
-    return statistics.median(values) if values else float("nan")
 
 
 __all__ = ["measure_loader", "experiment_order", "loader_sweep", "compare_loaders", "recommend_workers",

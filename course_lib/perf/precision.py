@@ -27,16 +27,16 @@ import time
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from course_lib.device import autocast, supports_bf16, synchronize
 from course_lib.train.evaluate import evaluate
+from course_lib.train.loss import mean_cross_entropy
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def amp_dtype_of(name: str, device: torch.device | str) -> torch.dtype | None:
-    """``"fp32"`` -> ``None``, ``"bf16"`` -> ``torch.bfloat16``, ``"fp16"`` -> ``torch.float16``, checked for ``device``.
+    """``"fp32"`` -> ``None``, ``"bf16"`` -> ``torch.bfloat16``, ``"fp16"`` -> ``torch.float16``, for ``device``.
 
     Unlike the training template's ``resolve_amp_dtype`` this accepts fp16 on the CPU: autocast and the GradScaler
     support it there, which is what a lesson needs to show loss scaling on a laptop.
@@ -47,10 +47,6 @@ def amp_dtype_of(name: str, device: torch.device | str) -> torch.dtype | None:
     if dtype is torch.bfloat16 and not supports_bf16(device):
         raise ValueError(f"bf16 autocast is not supported on {device}; compare 'fp32' and 'fp16' instead.")
     return dtype
-
-
-def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=-100)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -183,7 +179,7 @@ def precision_steps(
             cursor[0] += 1
             with autocast(device, dtype):
                 out = model(x)
-            scaler.scale(_loss(out, y)).backward()
+            scaler.scale(mean_cross_entropy(out, y)).backward()
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=True)
@@ -209,10 +205,10 @@ def compare_precisions(
     ``make_model()`` is called once (the copies share its initial weights); ``make_batches()`` once (every
     precision sees the same batches in the same order, cycled). Rows: precision, step_ms (median, first step
     excluded: a rough figure; time comparisons belong to :func:`precision_steps` + ``compare``), activation_mb,
-    activation_fp32_mb and activation_int_mb (the parts saved as fp32 and as
-    integers, e.g. max-pool indices), and weight_copy_mb (:func:`saved_activation_bytes`, first batch), final_loss (training loss of the last
-    step), eval_loss and eval_acc (fp32 :func:`~course_lib.train.evaluate.evaluate` of the trained copy on the
-    batches), and the ratios step_time_vs_fp32 and activation_vs_fp32 when fp32 is in the list.
+    activation_fp32_mb and activation_int_mb (the parts saved as fp32 and as integers, e.g. max-pool indices), and
+    weight_copy_mb (:func:`saved_activation_bytes`, first batch), final_loss (training loss of the last step),
+    eval_loss and eval_acc (fp32 :func:`~course_lib.train.evaluate.evaluate` of the trained copy on the batches),
+    and the ratios step_time_vs_fp32 and activation_vs_fp32 when fp32 is in the list.
     """
     if steps < 2:
         raise ValueError(f"steps={steps} must be >= 2 (the first step is excluded from timing).")
@@ -237,7 +233,7 @@ def compare_precisions(
             t0 = time.perf_counter()
             with autocast(device, amp):
                 out = model(x)
-            loss = _loss(out, y)
+            loss = mean_cross_entropy(out, y)
             scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -323,7 +319,7 @@ def grad_scaler_demo(
         scale_before = scaler.get_scale()
         with torch.autocast(device.type, dtype=torch.float16):
             out = model(x)
-        loss = F.cross_entropy(out.float(), y)
+        loss = mean_cross_entropy(out, y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

@@ -20,19 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 
 from course_lib.device import autocast, resolve_amp_dtype, synchronize
-from course_lib.perf import timing as _timing
-from course_lib.perf.timing import to_device
+from course_lib.perf.timing import now, to_device
+from course_lib.train.loss import mean_cross_entropy
 
 # A share of the step above this is "the bottleneck".
 BOUND_FRACTION = 0.3
-
-
-def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the last dimension, ignoring targets equal to -100 (works for [B,C] and [B,T,V])."""
-    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1), ignore_index=-100)
 
 
 @dataclass
@@ -90,10 +84,6 @@ class Split:
                 f"({ms['compute']:.1f} of {step:.1f} ms per step){secondary} -> a bigger/faster device, mixed "
                 "precision, torch.compile, a smaller model; more workers will not help.")
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "fractions": self.fractions, "per_step_ms": self.per_step_ms,
-                "device": self.device, "verdict": self.verdict()}
-
     def __str__(self) -> str:
         ms = self.per_step_ms
         return (f"{self.steps} steps on {self.device}: data {ms['data']:.1f} ms, transfer {ms['transfer']:.1f} ms, "
@@ -135,26 +125,25 @@ def time_split(
     amp = resolve_amp_dtype(amp_dtype, device)
     model = model.to(device).train()
     optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss_fn = loss_fn or default_loss
+    loss_fn = loss_fn or mean_cross_entropy
     pinned = bool(getattr(loader, "pin_memory", False))
-    clock = _timing._clock
     split = Split(device=str(device))
     it = _cycle(loader)
     synchronize(device)
     for i in range(warmup + steps):
-        t0 = clock()
+        t0 = now()
         batch = next(it)
-        t1 = clock()
+        t1 = now()
         x, y = to_device(tuple(batch[:2]), device, non_blocking=pinned)
         synchronize(device)
-        t2 = clock()
+        t2 = now()
         with autocast(device, amp):
             loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         synchronize(device)
-        t3 = clock()
+        t3 = now()
         if i >= warmup:
             split.data_s.append(t1 - t0)
             split.transfer_s.append(t2 - t1)
@@ -186,4 +175,4 @@ def plot_splits(splits: dict[str, Split], ax: Any = None, title: str = "Where a 
     return fig
 
 
-__all__ = ["Split", "time_split", "plot_splits", "default_loss"]
+__all__ = ["Split", "time_split", "plot_splits"]

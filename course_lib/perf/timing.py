@@ -16,8 +16,8 @@ A forward pass timed naively (``t0 = time.time(); model(x); print(time.time() - 
    :func:`end_to_end_latency` measures that one, separately.
 
 Batch-one **latency** (how long one request waits) and large-batch **throughput** (samples per second when the
-device is kept busy) answer different questions and are reported by different functions: a bigger batch usually
-raises throughput *and* latency at once.
+device is kept busy) answer different questions: :func:`measure_latency` at batch one gives the first, at a large
+batch its ``samples_per_s`` gives the second. A bigger batch usually raises throughput *and* latency at once.
 
 A result is only meaningful with its context, so :class:`LatencyResult` carries the shape, batch size, device,
 precision, warm-up and repetition counts, and ``summary()`` prints them with the numbers.
@@ -38,6 +38,11 @@ from course_lib.device import autocast, resolve_amp_dtype, synchronize
 _clock: Callable[[], float] = time.perf_counter
 
 
+def now() -> float:
+    """Seconds on the course's host clock (``time.perf_counter``, or the clock a test substituted)."""
+    return _clock()
+
+
 def to_device(obj: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     """Move a tensor, or tensors nested in tuples/lists/dicts, to ``device`` (other objects are returned as is)."""
     if isinstance(obj, torch.Tensor):
@@ -50,17 +55,18 @@ def to_device(obj: Any, device: torch.device | str, non_blocking: bool = False) 
     return obj
 
 
-def _first_tensor(obj: Any) -> torch.Tensor | None:
+def first_tensor(obj: Any) -> torch.Tensor | None:
+    """The first tensor in ``obj`` (a tensor, or tensors nested in tuples/lists/dicts), or ``None``."""
     if isinstance(obj, torch.Tensor):
         return obj
     if isinstance(obj, (list, tuple)):
         for o in obj:
-            t = _first_tensor(o)
+            t = first_tensor(o)
             if t is not None:
                 return t
     if isinstance(obj, dict):
         for o in obj.values():
-            t = _first_tensor(o)
+            t = first_tensor(o)
             if t is not None:
                 return t
     return None
@@ -190,14 +196,14 @@ def measure_latency(
 
     ``dtype`` is the autocast precision (``None``/``"fp32"``, ``"bf16"``, ``"fp16"`` on GPUs). The model is moved to
     ``device`` and put in eval mode (dropout off, BatchNorm running statistics) -- the state it is served in. Pass a
-    batch of one to measure latency; use :func:`throughput` for samples per second at a large batch.
+    batch of one to measure latency, a large batch and the result's ``samples_per_s`` for throughput.
     """
     _check_counts(warmup, reps)
     device = torch.device(device)
     amp = resolve_amp_dtype(dtype, device)
     model = model.to(device).eval()
     x = to_device(example_input, device)  # moved once, before any timing
-    first = _first_tensor(x)
+    first = first_tensor(x)
 
     def call() -> Any:
         with torch.inference_mode(), autocast(device, amp):
@@ -210,23 +216,6 @@ def measure_latency(
         batch=int(first.shape[0]) if first is not None and first.dim() > 0 else None,
         device=str(device), precision=_precision_name(amp), warmup=warmup, reps=reps,
     )
-
-
-def throughput(
-    model: torch.nn.Module,
-    batch: Any,
-    *,
-    device: torch.device | str,
-    warmup: int = 5,
-    reps: int = 20,
-    dtype: str | torch.dtype | None = None,
-) -> float:
-    """Inference samples per second at the size of ``batch`` (batch size / median forward time).
-
-    Use a large batch here: throughput is about keeping the device busy, not about how long one request waits.
-    The full timing record is available from :func:`measure_latency` with the same arguments.
-    """
-    return measure_latency(model, batch, device=device, warmup=warmup, reps=reps, dtype=dtype).samples_per_s
 
 
 def end_to_end_latency(
@@ -246,19 +235,14 @@ def end_to_end_latency(
     _check_counts(warmup, reps)
     device = torch.device(device)
     times = _time_calls(lambda: fn(*args, **kwargs), device, warmup, reps)
-    first = _first_tensor(args)
+    first = first_tensor(args)
     return LatencyResult(
         times_ms=times, shape=tuple(first.shape) if first is not None else None, batch=batch,
         device=str(device), precision="as called", warmup=warmup, reps=reps, what="end-to-end",
     )
 
 
-def median_time(fn: Callable[[], Any], *, device: torch.device | str = "cpu", warmup: int = 1, reps: int = 5) -> float:
-    """Median seconds of ``fn()`` over ``reps`` synchronised calls after ``warmup`` untimed ones."""
-    _check_counts(warmup, reps)
-    return statistics.median(_time_calls(fn, torch.device(device), warmup, reps)) / 1000.0
-
-
 __all__: Sequence[str] = [
-    "Timer", "LatencyResult", "measure_latency", "throughput", "end_to_end_latency", "median_time", "to_device",
+    "Timer", "LatencyResult", "measure_latency", "end_to_end_latency", "to_device",
+    "now",
 ]

@@ -10,7 +10,8 @@ Gradients *add up* across ``backward()`` calls until ``zero_grad``. To train wit
   48, 48 and 37 samples) or text batches with different numbers of real (non-padding) tokens.
 
 That is why a group's micro-batches are fetched *first*, their targets counted, and only then run.
-Targets equal to ``-100`` (padding) are ignored in the loss and in every count.
+Targets equal to ``IGNORE_INDEX`` (``-100``, padding) are ignored in the loss and in every count
+(:mod:`course_lib.train.loss`).
 
 Two more rules: ``zero_grad(set_to_none=True)`` only at group boundaries (never between micro-batches), and with
 fp16 one GradScaler scale for the whole group: ``scale(loss).backward()`` per micro-batch, then a single
@@ -25,17 +26,18 @@ the gradients across ranks. Only the group's last backward needs the all-reduce 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Sequence
+import itertools
+from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from course_lib.device import autocast
 from course_lib.distributed import all_reduce_sum, no_sync_if
+from course_lib.train.loss import real_targets, summed_cross_entropy
 
-IGNORE_INDEX = -100
 Batch = Sequence[torch.Tensor]
+T = TypeVar("T")
 
 
 def move_batch(batch: Batch, device: torch.device | str) -> tuple[torch.Tensor, ...]:
@@ -44,8 +46,8 @@ def move_batch(batch: Batch, device: torch.device | str) -> tuple[torch.Tensor, 
 
 
 def count_targets(batch: Batch) -> torch.Tensor:
-    """Number of targets in ``batch`` that are not ``-100``, as a 0-d tensor on the targets' device (no sync)."""
-    return (batch[1] != IGNORE_INDEX).sum()
+    """Number of real targets (not ``-100``) in ``batch``, as a 0-d tensor on the targets' device (no sync)."""
+    return real_targets(batch[1]).sum()
 
 
 def loss_and_count(model: nn.Module, batch: Batch, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,11 +58,16 @@ def loss_and_count(model: nn.Module, batch: Batch, device: torch.device | str) -
     so nothing waits for the GPU here.
     """
     x, y = move_batch(batch[:2], device)
-    logits = model(x)
-    if logits.dim() == 3:  # language model: one prediction per position
-        logits, y = logits.flatten(0, 1), y.flatten()
-    loss_sum = F.cross_entropy(logits.float(), y, ignore_index=IGNORE_INDEX, reduction="sum")
-    return loss_sum, (y != IGNORE_INDEX).sum()
+    return summed_cross_entropy(model(x), y)
+
+
+def take_group(batches: Iterator[T], size: int) -> list[T]:
+    """The next ``size`` items of ``batches``, or fewer when it runs out (an empty list: it had none left).
+
+    The one way the course cuts a stream of micro-batches into accumulation groups: :func:`train_accumulated`
+    and :class:`course_lib.train.stream.BatchStream` both call it.
+    """
+    return list(itertools.islice(batches, size))
 
 
 def accumulation_groups(n_batches: int, accum: int) -> list[int]:
@@ -138,15 +145,8 @@ def train_accumulated(
     total_loss = torch.zeros((), device=device)
     total_count = torch.zeros((), device=device, dtype=torch.long)
     group_sizes: list[torch.Tensor | int] = []
-    iterator = iter(loader)
-    while True:
-        group = []
-        for batch in iterator:  # take up to `microbatches` batches; the last group may be shorter
-            group.append(batch)
-            if len(group) == microbatches:
-                break
-        if not group:
-            break
+    batches = iter(loader)
+    while group := take_group(batches, microbatches):  # the epoch's last group may be shorter
         loss_sum, count = backward_group(model, group, device)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # clear only at the group boundary

@@ -93,7 +93,8 @@ class TrainConfig:
         _check_int("steps", self.steps, low=1)
         _check_int("warmup", self.warmup, low=0)
         if self.warmup > self.steps:  # type: ignore[operator]
-            raise ConfigError(f"warmup={self.warmup!r} must be <= steps={self.steps!r} (warm-up steps are part of the run).")
+            raise ConfigError(f"warmup={self.warmup!r} must be <= steps={self.steps!r} "
+                              "(warm-up steps are part of the run).")
         _check_int("bs", self.bs, low=1)
         _check_int("accum", self.accum, low=1)
         if self.clip is not None:
@@ -117,7 +118,8 @@ class TrainConfig:
         if not isinstance(self.out, str) or not self.out:
             raise ConfigError(f"out={self.out!r} must be a non-empty directory path.")
         if not isinstance(self.device, str):
-            raise ConfigError(f"device={self.device!r} must be a string such as 'auto', 'cpu', 'cuda', 'cuda:0' or 'mps'.")
+            raise ConfigError(f"device={self.device!r} must be a string such as 'auto', 'cpu', 'cuda', 'cuda:0' "
+                              "or 'mps'.")
         try:
             device = pick_device(self.device)
         except ValueError as exc:
@@ -143,10 +145,6 @@ class TrainConfig:
     def torch_device(self) -> torch.device:
         """The device ``device`` resolves to on this machine."""
         return pick_device(self.device)
-
-    def autocast_dtype(self, device: torch.device | str | None = None) -> torch.dtype | None:
-        """The autocast dtype for ``amp_dtype`` on ``device`` (``None`` = plain fp32)."""
-        return resolve_amp_dtype(self.amp_dtype, device if device is not None else self.torch_device())
 
     def resolved(self, device: torch.device | str | None = None) -> "TrainConfig":
         """A copy with ``device`` and ``amp_dtype`` replaced by what they mean here (``"auto"`` -> ``"cpu"``...)."""

@@ -15,11 +15,11 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from course_lib.device import autocast
-from course_lib.train.accumulate import IGNORE_INDEX, move_batch
+from course_lib.train.accumulate import move_batch
+from course_lib.train.loss import flatten_predictions, real_targets, summed_cross_entropy
 
 
 def evaluate(
@@ -48,12 +48,11 @@ def evaluate(
                 x, y = move_batch(batch[:2], device)
                 with autocast(device, amp_dtype):
                     logits = model(x)
-                if logits.dim() == 3:
-                    logits, y = logits.flatten(0, 1), y.flatten()
-                keep = y != IGNORE_INDEX
-                loss_sum += F.cross_entropy(logits.float(), y, ignore_index=IGNORE_INDEX, reduction="sum").to(acc_dtype)
-                correct += ((logits.argmax(-1) == y) & keep).sum()
-                count += keep.sum()
+                logits, y = flatten_predictions(logits, y)
+                batch_sum, batch_count = summed_cross_entropy(logits, y)
+                loss_sum += batch_sum.to(acc_dtype)
+                correct += ((logits.argmax(-1) == y) & real_targets(y)).sum()
+                count += batch_count
     finally:
         model.train(was_training)
     n = int(count)

@@ -18,14 +18,14 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from course_lib.data.sampler import ResumableSampler
+from course_lib.train.accumulate import take_group
+
 
 def find_resumable_sampler(loader: Any) -> Any | None:
     """The loader's ``ResumableSampler`` (at ``loader.sampler`` or ``loader.batch_sampler.sampler``), or ``None``."""
-    try:
-        from course_lib.data import ResumableSampler
-    except ImportError:  # the data package is optional for this module
-        return None
-    for candidate in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for candidate in (getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None)):
         if isinstance(candidate, ResumableSampler):
             return candidate
     return None
@@ -83,24 +83,23 @@ class BatchStream:
 
     def next_group(self, accum: int) -> list[Sequence[torch.Tensor]]:
         """Up to ``accum`` micro-batches: fewer only at the end of an epoch."""
-        group: list[Sequence[torch.Tensor]] = []
         empty_epochs = 0
-        while len(group) < accum:
+        while True:
             if self._iterator is None:
                 self._start_epoch()
-            try:
-                batch = next(self._iterator)  # type: ignore[arg-type]
-            except StopIteration:
-                self._iterator = None
-                if not group and self.position == 0:
-                    empty_epochs += 1
-                    if empty_epochs > 1:
-                        raise RuntimeError("the training loader yields no batches; check the dataset size and batch size.") from None
-                self.epoch += 1
-                self.position = 0
-                if group:
-                    break  # the epoch's last group is incomplete
-                continue
-            group.append(batch)
-            self.position += len(batch[0])
-        return group
+            assert self._iterator is not None
+            group = take_group(self._iterator, accum)
+            self.position += sum(len(batch[0]) for batch in group)
+            if len(group) == accum:
+                return group
+            # The epoch ended. Its last group may be incomplete; a group never spans two epochs.
+            epoch_was_empty = not group and self.position == 0
+            self._iterator = None
+            self.epoch += 1
+            self.position = 0
+            if group:
+                return group
+            if epoch_was_empty:
+                empty_epochs += 1
+                if empty_epochs > 1:
+                    raise RuntimeError("the training loader yields no batches; check the dataset size and batch size.")

@@ -1,0 +1,158 @@
+"""Imports in ``course_lib`` point downward and never go round in a circle.
+
+The test reads every module's source (no import is executed), collects every ``import`` of a ``course_lib``
+module -- including the ones inside functions, which are dependencies all the same -- and checks the graph:
+
+* no cycle between modules;
+* no module imports a part that sits in a higher layer than its own (same layer is fine).
+
+``LAYERS`` is the one statement of the order, lowest first; docs/architecture.md shows the same list.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "course_lib"
+
+# Lowest layer first. A part is a top-level module or package of course_lib.
+LAYERS: list[set[str]] = [
+    {"mode", "device", "nbclean", "labsettings"},  # foundation: reads the environment and the machine
+    {"data", "models", "distributed"},  # what is trained, on what, across how many processes
+    {"train"},  # the training template
+    {"perf"},  # measuring instruments (they may time train's pieces)
+    # what lessons, graders and commands use
+    {"lesson", "widgets", "grading", "ddp_demo", "magics", "torchrun_entry", "doctor", "gpu_check", "bootstrap",
+     "lab_auth", "lab"},
+    {"website", "cli", "__main__", "__init__"},  # entry points
+]
+
+# Upward imports being removed; each entry is (importer, imported) as dotted module names.
+KNOWN_UPWARD: set[tuple[str, str]] = {
+    ("course_lib.train.loop", "course_lib.perf.compile"),  # compile belongs in train: it is moving there
+}
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module and package of course_lib."""
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """Every dotted name ``module`` imports (``from a import b`` gives ``a.b``: b may be a submodule)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return {n for n in names if n == "course_lib" or n.startswith("course_lib.")}
+
+
+@functools.cache  # the tree does not change during a test run; parse it once
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the course_lib modules it imports (a name is resolved to the deepest module that exists)."""
+    modules = module_files()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        for name in imported_names(path, module):
+            while name not in modules:
+                name = name.rpartition(".")[0]
+            # A submodule's import runs its package's __init__ first; that is not a dependency on the package.
+            if name != module and not module.startswith(name + "."):
+                graph[module].add(name)
+    return dict(graph)
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of the part ``module`` belongs to."""
+    parts = module.split(".")
+    part = parts[1] if len(parts) > 1 else "__init__"
+    for index, layer in enumerate(LAYERS):
+        if part in layer:
+            return index
+    raise AssertionError(f"{module}: its part {part!r} is in no layer; add it to LAYERS (and docs/architecture.md)")
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (as a path that returns to its start) per strongly connected group, found by depth-first search."""
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = finished
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """``(importer, imported)`` pairs where the imported module sits in a higher layer."""
+    return {(a, b) for a, targets in graph.items() for b in targets if layer_of(b) > layer_of(a)}
+
+
+def test_every_part_has_a_layer() -> None:
+    for module in module_files():
+        layer_of(module)
+
+
+def test_no_import_cycle() -> None:
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_imports_point_downward() -> None:
+    upward = upward_imports(import_graph())
+    new = sorted(upward - KNOWN_UPWARD)
+    assert not new, "imports from a lower layer to a higher one (see LAYERS): " + ", ".join(
+        f"{a} -> {b}" for a, b in new)
+    gone = sorted(KNOWN_UPWARD - upward)
+    assert not gone, f"KNOWN_UPWARD lists imports that no longer exist; remove them: {gone}"
+
+
+def test_the_scan_sees_what_it_must() -> None:
+    """The checks above fail on a planted cycle and a planted upward import (they are not vacuous)."""
+    graph = {"course_lib.data.a": {"course_lib.data.b"}, "course_lib.data.b": {"course_lib.data.a"}}
+    assert find_cycles(graph) == [["course_lib.data.a", "course_lib.data.b", "course_lib.data.a"]]
+    assert upward_imports({"course_lib.data.a": {"course_lib.train.loop"}}) == {
+        ("course_lib.data.a", "course_lib.train.loop")}
+    real = import_graph()
+    assert "course_lib.train.optim" in real["course_lib.train.loop"]  # a known import is found
+    assert "course_lib.train.launch" in real["course_lib.train"]  # ... including one inside a function
+
+
+@pytest.mark.parametrize("doc", ["docs/architecture.md"])
+def test_architecture_doc_states_the_same_layers(doc: str) -> None:
+    """The doc's layer line lists the parts of each layer in the order of LAYERS."""
+    text = (ROOT.parent / doc).read_text(encoding="utf-8")
+    line = next((ln for ln in text.splitlines() if ln.startswith("Layers (lowest first):")), None)
+    assert line is not None, f"{doc} has no 'Layers (lowest first):' line"
+    stated = [{p.strip(" `.") for p in group.split(",")} for group in line.split(":", 1)[1].split("<")]
+    assert stated == LAYERS, f"{doc}'s layer line differs from LAYERS in tests/test_layering.py"
