@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from course_lib.device import autocast, supports_bf16, synchronize
+from course_lib.device import autocast, resolve_amp_dtype, synchronize
 from course_lib.train.evaluate import evaluate
 from course_lib.train.loss import mean_cross_entropy
 
@@ -36,17 +36,13 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def amp_dtype_of(name: str, device: torch.device | str) -> torch.dtype | None:
-    """``"fp32"`` -> ``None``, ``"bf16"`` -> ``torch.bfloat16``, ``"fp16"`` -> ``torch.float16``, for ``device``.
+    """``"fp32"`` -> ``None``, ``"bf16"`` -> ``torch.bfloat16``, ``"fp16"`` -> ``torch.float16``, checked for ``device``.
 
-    Unlike the training template's ``resolve_amp_dtype`` this accepts fp16 on the CPU: autocast and the GradScaler
-    support it there, which is what a lesson needs to show loss scaling on a laptop.
+    :func:`course_lib.device.resolve_amp_dtype` without ``"auto"``: a comparison names what it measures.
     """
     if name not in PRECISIONS:
         raise ValueError(f"precision {name!r} is not one of {list(PRECISIONS)}.")
-    dtype = PRECISIONS[name]
-    if dtype is torch.bfloat16 and not supports_bf16(device):
-        raise ValueError(f"bf16 autocast is not supported on {device}; compare 'fp32' and 'fp16' instead.")
-    return dtype
+    return resolve_amp_dtype(name, device)
 
 
 # --------------------------------------------------------------------------------------------------------
