@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
-    "PointwiseChain", "eager_ops", "kernel_names", "kernel_sources", "CompiledCapture", "compile_and_capture", "GraphReport",
-    "graph_report", "clipped_gelu_residual", "clipped_gelu_residual_fixed", "break_even_calls",
+    "PointwiseChain", "eager_ops", "kernel_names", "kernel_sources", "CompiledCapture", "compile_and_capture",
+    "GraphReport", "graph_report", "clipped_gelu_residual", "clipped_gelu_residual_fixed", "break_even_calls",
 ]
 
 
