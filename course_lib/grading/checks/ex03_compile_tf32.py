@@ -1,4 +1,4 @@
-"""Checks for exercise 03: steady-state timing, compile with ``mode=``, TF32, and the recompilation stall."""
+"""Checks for exercise 03: steady-state timing, a graph break removed, break-even, TF32, the recompilation stall."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import statistics
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 
 
 def _close(a: Any, b: float) -> bool:
@@ -74,54 +75,116 @@ def speedup_check(ns: dict[str, Any]) -> None:
         raise CheckFailed("speedup is off", hint=hint, expected=expected, got=got)
 
 
-def _compile_call(ns: dict[str, Any]) -> dict[str, Any]:
-    fn = need(ns, "compile_model", "define `compile_model(model, mode='default', backend='inductor')`")
-    original = torch.compile
-    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append((args, dict(kwargs)))
-        kwargs["backend"] = "eager"  # the check only needs a working graph, not fast kernels
-        kwargs.pop("mode", None)
-        return original(args[0], **kwargs)
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU())
-    torch.compile = spy  # type: ignore[assignment]
-    try:
-        compiled = call(fn, model, mode="max-autotune", backend="eager")
-    finally:
-        torch.compile = original  # type: ignore[assignment]
-    if not seen:
-        return {"called": False}
-    args, kwargs = seen[-1]
-    torch._dynamo.reset()
-    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        outputs = [compiled(x), model(x)] if callable(compiled) else None
-    return {"called": True, "positional": [one_line(a) for a in args[1:]],
-            "kwargs": {k: one_line(v) for k, v in kwargs.items()}, "outputs": outputs}
+def reference_soft_normalize(x: torch.Tensor, bias: torch.Tensor, max_rms: float = 1.0) -> torch.Tensor:
+    """The values exercise 03.3 must reproduce: ``x + silu(x + bias)``, the activation scaled to RMS ``max_rms``
+    when its RMS is larger (the notebook's ``soft_normalize``, which computes them with a graph break)."""
+    h = F.silu(x + bias)
+    rms = h.pow(2).mean().sqrt()
+    return x + h * torch.clamp(max_rms / rms, max=1.0)
 
 
-@check_for("03", "compile passes mode by keyword")
-def compile_keyword(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _compile_call)
-    if not seen["called"]:
-        raise CheckFailed("call torch.compile inside compile_model")
-    if seen["positional"]:
-        raise CheckFailed("torch.compile takes only the model positionally: mode, backend and every other option are "
-                          "keyword-only, so torch.compile(model, 'max-autotune') is a TypeError",
-                          hint="torch.compile(model, mode=mode, backend=backend)",
-                          expected="torch.compile(model, mode='max-autotune', ...)",
-                          got=f"positional {seen['positional']}")
-    kwargs = seen["kwargs"]
-    if kwargs.get("mode") != repr("max-autotune") or kwargs.get("backend") != repr("eager"):
-        raise CheckFailed("pass both mode and backend on to torch.compile",
-                          expected={"mode": "max-autotune", "backend": "eager"}, got=kwargs)
-    outputs = seen["outputs"]
-    if not (isinstance(outputs, list) and all(isinstance(o, torch.Tensor) for o in outputs)
-            and outputs[0].shape == outputs[1].shape and torch.allclose(outputs[0], outputs[1])):
-        raise CheckFailed("the compiled model should compute what the model computes (return torch.compile's result)")
+def _break_inputs(seed: int) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    """Inputs for this run: one whose activation RMS is over the limit, one under it, one with another limit."""
+    g = torch.Generator().manual_seed(seed)
+    rows, cols = 5 + seed % 7, 6 + seed % 5
+    x, bias = torch.randn(rows, cols, generator=g), torch.randn(cols, generator=g)
+    return [(4.0 * x, bias, 1.0), (0.2 * x, 0.1 * bias, 1.0), (4.0 * x, bias, 2.5)]
+
+
+def _graph_break(ns: dict[str, Any]) -> dict[str, Any]:
+    fn = need(ns, "soft_normalize_one_graph", "define `soft_normalize_one_graph(x, bias, max_rms=1.0)` in the "
+              "exercise cell")
+    from course_lib.perf.fusion import graph_report
+
+    inputs = _break_inputs(run_seed(ns))
+    x, bias, _ = inputs[0]
+    report = graph_report(fn, x, bias)
+    outputs = []
+    for x, bias, limit in inputs:
+        with torch.no_grad():
+            out = call(fn, x, bias, limit)
+        outputs.append(out.detach() if isinstance(out, torch.Tensor) else one_line(out))
+    return {"graphs": report.graphs, "breaks": report.breaks, "reasons": report.reasons, "outputs": outputs}
+
+
+@check_for("03", "graph break removed: one graph")
+def one_graph(ns: dict[str, Any]) -> None:
+    seen = observe(ns, _graph_break)
+    if seen["graphs"] != 1 or seen["breaks"] != 0:
+        hint = ("keep the decision in a tensor: no .item(), no `if` on a tensor's value; "
+                "torch.where(cond, a, b) or torch.clamp turn the branch into arithmetic")
+        if seen["graphs"] == 0:
+            hint = "Dynamo captured no graph at all: the work must be done with torch operations on the tensors"
+        raise CheckFailed("torch._dynamo.explain still finds more than one graph", hint=hint,
+                          expected="1 graph, 0 breaks",
+                          got=f"{seen['graphs']} graph(s), {seen['breaks']} break(s): {'; '.join(seen['reasons'])}")
+
+
+@check_for("03", "graph break removed: same values as before")
+def same_values(ns: dict[str, Any]) -> None:
+    seen = observe(ns, _graph_break)
+    for (x, bias, limit), got in zip(_break_inputs(run_seed(ns)), seen["outputs"]):
+        expected = reference_soft_normalize(x, bias, limit)
+        h = F.silu(x + bias)
+        rms = float(h.pow(2).mean().sqrt())
+        case = f"max_rms={limit}, activation RMS {rms:.2f} ({'over' if rms > limit else 'under'} the limit)"
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+            raise CheckFailed(f"soft_normalize_one_graph should return a tensor shaped like x ({case})",
+                              expected=tuple(expected.shape), got=tuple(got.shape) if isinstance(got, torch.Tensor)
+                              else got)
+        if not torch.allclose(got.float(), expected, rtol=1e-4, atol=1e-5):
+            hint = ("scale only when the RMS is over max_rms, and then to exactly max_rms; leave it unchanged "
+                    "otherwise" if rms > limit or limit != 1.0 else
+                    "under the limit the activation must stay unchanged (scale by 1)")
+            raise CheckFailed(f"the values differ from soft_normalize's ({case})", hint=hint,
+                              expected="max |difference| <= 1e-5",
+                              got=f"max |difference| {float((got.float() - expected).abs().max()):.3g}")
+
+
+def _break_even_cases(seed: int) -> list[tuple[float, float, float]]:
+    """(first call, eager call, compiled call) seconds: compile pays off, compile never pays off, first call cheap."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(6, generator=g).tolist()
+    eager = 0.02 + 0.01 * u[0]
+    cases = [(8.0 + 20 * u[1], eager, eager * (0.8 + 0.1 * u[2])),  # compiled call a large share of eager's
+             (3.0 + 5 * u[3], eager, eager * (0.3 + 0.2 * u[4])),
+             (12.0, eager, eager * (1.05 + 0.1 * u[5])),  # compiled slower: never pays off
+             (12.0, eager, eager),  # no gain: never pays off (and no division by zero)
+             (eager * 0.9, eager, eager * 0.5)]  # the first call was already cheap: 1 call
+    return cases
+
+
+def _break_even(ns: dict[str, Any]) -> list[Any]:
+    fn = need(ns, "break_even_calls", "define `break_even_calls(first_call_s, eager_s, compiled_s)` in the "
+              "exercise cell")
+    out = []
+    for case in _break_even_cases(run_seed(ns)):
+        got = call(fn, *case)
+        out.append(got if got is None or isinstance(got, (int, float)) else one_line(got))
+    return out
+
+
+@check_for("03", "break-even call count from measured times")
+def break_even(ns: dict[str, Any]) -> None:
+    from course_lib.perf.fusion import break_even_calls
+
+    got = observe(ns, _break_even)
+    for (first, eager, compiled), answer in zip(_break_even_cases(run_seed(ns)), got):
+        expected = break_even_calls(first, eager, compiled)
+        case = f"first call {first:.3g} s, eager {eager * 1e3:.3g} ms, compiled {compiled * 1e3:.3g} ms"
+        if expected is None:
+            if answer is not None:
+                raise CheckFailed(f"the compiled call is not faster ({case}): compiling never pays off",
+                                  hint="return None when compiled_s >= eager_s", expected=None, got=answer)
+            continue
+        if isinstance(answer, bool) or not isinstance(answer, int):
+            raise CheckFailed(f"a number of calls is a whole number ({case})",
+                              hint="the first n that is enough: math.ceil, not a fraction", expected=expected,
+                              got=answer)
+        if answer != expected:
+            hint = ("n calls compiled cost first_call_s + (n - 1) * compiled_s (the first call also does the "
+                    "work); eager costs n * eager_s: find the smallest whole n where compiled is no more")
+            raise CheckFailed(f"break-even call count is off ({case})", hint=hint, expected=expected, got=answer)
 
 
 def _tf32(ns: dict[str, Any]) -> list[Any]:
