@@ -56,9 +56,9 @@ def test_losses_do_not_depend_on_the_scale_but_the_scale_grows() -> None:
 
 def test_the_callers_rng_and_threads_are_left_alone() -> None:
     threads = torch.get_num_threads()
-    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    harness.seed_everything(1)
     expected = random.random(), np.random.random(), torch.rand(1)
-    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    harness.seed_everything(1)
     harness.uninterrupted(harness.HarnessConfig(steps=2))
     assert (random.random(), np.random.random()) == expected[:2] and torch.equal(torch.rand(1), expected[2])
     assert torch.get_num_threads() == threads
