@@ -91,6 +91,13 @@ WRONG: list[tuple[str, str, str]] = [
             with open(path, "wb") as f:
                 f.write(buffer.getvalue())
         """, "fails mid-write"),
+    ("writes in place and ignores errors", WRAP + """
+        def save_checkpoint(path, model, optimizer, scaler, data, step):
+            try:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+            except Exception:
+                pass  # "a failed save should not stop training"
+        """, "fails mid-write"),
     ("a missing checkpoint silently starts over", WRAP + """
         def load_checkpoint(path, model, optimizer, scaler, data):
             if not os.path.exists(path):
