@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ def test_reference_resumes_bit_for_bit(tmp_path: Path, truth: harness.Segment) -
 
 def test_a_real_sigkill_then_resume(tmp_path: Path, truth: harness.Segment) -> None:
     result = harness.killed_run(CFG, tmp_path / "c.pt", harness.reference_save, harness.reference_load, 7)
-    assert result.how == "SIGKILL"  # the course's machines (Linux, macOS) have fork
+    assert result.how == ("SIGKILL" if sys.platform.startswith("linux") else "exception")
     assert max(result.before) == 7 and result.resumed.start == 6
     assert _losses(result.resumed) == [truth.losses[s] for s in range(7, CFG.steps + 1)]
 

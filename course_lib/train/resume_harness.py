@@ -15,7 +15,7 @@ run in which each of those things matters:
 saves every ``save_every`` steps with ``save(path, model=, optimizer=, scaler=, data=, step=)``. Each call starts
 like a fresh process (global RNGs seeded from the config), so an in-process interruption (``stop_after=k`` raises
 :class:`Interrupted` after step ``k``) tests the same thing as a real kill; :func:`killed_run` does the real thing
-where ``fork`` exists: the run goes on in a child process that ``SIGKILL``s itself after step ``k``.
+on Linux: the run goes on in a child process that ``SIGKILL``s itself after step ``k``.
 
 The run is bit-for-bit reproducible across processes (one intra-op thread while it runs), so the grader can compare
 a learner's resumed losses, computed in the sandbox, with an uninterrupted run computed in the grader. The caller's
@@ -29,6 +29,7 @@ import multiprocessing
 import os
 import random
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -268,11 +269,12 @@ def _child(cfg: HarnessConfig, path: str, save: SaveFn, load: LoadFn, kill_after
 
 def killed_run(cfg: HarnessConfig, path: str | Path, save: SaveFn, load: LoadFn, kill_after: int) -> ResumedRun:
     """Like :func:`interrupted_run`, but the first part runs in a forked child killed with SIGKILL after step
-    ``kill_after``; the resumption runs here. Without ``fork`` (Windows) it falls back to the in-process interrupt.
+    ``kill_after``; the resumption runs here. Off Linux it falls back to the in-process interrupt (Windows has no
+    ``fork``; on macOS a forked child of a process that has used system frameworks may crash).
 
     The save/load functions need not be importable: a forked child inherits them (a notebook's functions work).
     """
-    if "fork" not in multiprocessing.get_all_start_methods() or not hasattr(signal, "SIGKILL"):
+    if not sys.platform.startswith("linux"):
         return interrupted_run(cfg, path, save, load, kill_after)
     _check_stop(cfg, kill_after)
     context = multiprocessing.get_context("fork")
