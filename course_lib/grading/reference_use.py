@@ -28,6 +28,10 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "10": ("course_lib.perf.memory.stored_bytes", "course_lib.perf.memory.count_parameters",
            "course_lib.perf.timing.measure_latency"),
     "11": ("course_lib.distributed.scaled_lr",),
+    "14": ("course_lib.train.resume_harness.reference_save", "course_lib.train.resume_harness.reference_load",
+           "course_lib.train.checkpoint.save_checkpoint", "course_lib.train.checkpoint.load_checkpoint",
+           "course_lib.train.checkpoint.rng_state", "course_lib.train.checkpoint.set_rng_state",
+           "course_lib.train.checkpoint.atomic_write", "course_lib.train.checkpoint.atomic_torch_save"),
 }
 
 
