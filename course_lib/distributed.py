@@ -314,6 +314,34 @@ def no_sync_if(model: nn.Module, condition: bool) -> Iterator[None]:
     yield
 
 
+class AllReduceCounter:
+    """A DDP communication hook that all-reduces as DDP does by default and counts what it sends.
+
+    ``model.register_comm_hook(None, counter.hook)`` (before the first backward). DDP groups gradients into *buckets*
+    (``bucket_cap_mb``, 25 MB by default) and all-reduces each bucket as soon as its gradients are ready; this
+    hook is called once per bucket. ``syncs`` counts backward passes that synchronised (``no_sync`` blocks skip
+    the hook entirely), ``buckets`` every bucket sent, ``bucket_elements`` the sizes of the last pass's buckets.
+    """
+
+    def __init__(self) -> None:
+        self.syncs = 0
+        self.buckets = 0
+        self.bucket_elements: list[int] = []
+        self._current: list[int] = []
+
+    # DDP rejects a hook whose ``bucket``/return annotations are not the runtime GradBucket/Future classes
+    # (postponed annotations are strings), so these two stay unannotated.
+    def hook(self, state: object, bucket):  # type: ignore[no-untyped-def]
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        self.buckets += 1
+        self._current.append(bucket.buffer().numel())
+        if bucket.is_last():
+            self.syncs += 1
+            self.bucket_elements, self._current = self._current, []
+        return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default process group
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain module under DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers.
 
