@@ -3,9 +3,10 @@
 How the learner's code crosses the process boundary. The function lives in a notebook: ``__main__`` of a
 kernel (or of the grading worker), which the ``spawn`` start method cannot pickle. So its *source* travels
 instead: :func:`run_ranks` writes the source of the cell that defines it to ``RUN_DIR/cell.py`` and the job to
-``RUN_DIR/job.json``, then starts ``python -m course_lib.grading.ddp_ranks RUN_DIR RANK`` once per rank with the
-environment ``torchrun`` would give it (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1``, a
-free ``MASTER_PORT``). Each rank (:func:`rank_main`)
+``RUN_DIR/job.json``, then starts one process per rank (:func:`rank_process`, a module-level function, so it works
+with ``spawn``; on Linux ``fork`` is used, which skips importing torch again) with the environment ``torchrun``
+would give it (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``). Each
+rank (:func:`rank_main`)
 
 1. builds the model (same seed on every rank) and a :class:`~course_lib.ddp_demo.RecordingDataset` from
    ``course_lib``, and counts DDP's gradient all-reduces (a communication hook registered on every
@@ -22,16 +23,17 @@ seconds after the first failure, and all of them at the timeout.
 
 from __future__ import annotations
 
+import importlib
 import json
+import multiprocessing
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
 import torch
@@ -71,48 +73,66 @@ def free_port() -> int:
 
 
 def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1"})
-    if sys.platform.startswith("linux"):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # no hostname lookup: works without a network (the sandbox)
+    """What ``torchrun`` would set for this rank (on one machine), plus one thread per rank."""
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # no hostname lookup: works without a network (the grading sandbox)
     return env
 
 
-def _start_ranks(run_dir: Path, world_size: int) -> list[subprocess.Popen[bytes]]:
+def start_method() -> str:
+    """``fork`` on Linux (a rank starts in milliseconds: torch is already imported), ``spawn`` elsewhere.
+
+    Both run the same code: the cell's *source* is executed afresh in each rank, so nothing depends on what the
+    parent process holds. ``COURSE_DDP_START=spawn`` forces fresh interpreters.
+    """
+    wanted = os.environ.get("COURSE_DDP_START") or ("fork" if sys.platform.startswith("linux") else "spawn")
+    if wanted not in multiprocessing.get_all_start_methods():
+        raise ValueError(f"COURSE_DDP_START={wanted!r} is not available here; use one of "
+                         f"{multiprocessing.get_all_start_methods()}")
+    return wanted
+
+
+def _preload() -> None:
+    """Import once, before forking, what every rank would import on its own (seconds each time)."""
+    for module in ("torch._dynamo", "torch.nn.parallel"):  # DistributedDataParallel's constructor imports both
+        importlib.import_module(module)
+
+
+def _start_ranks(run_dir: Path, world_size: int) -> list[BaseProcess]:
+    method = start_method()
+    if method == "fork":
+        _preload()
+    context = multiprocessing.get_context(method)
     port = free_port()
     procs = []
     for rank in range(world_size):
-        with open(run_dir / f"rank{rank}.log", "wb") as log:  # the child keeps its own copy of the handle
-            procs.append(subprocess.Popen([sys.executable, "-m", "course_lib.grading.ddp_ranks", str(run_dir),
-                                           str(rank)], stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=_rank_env(rank, world_size, port),
-                                          start_new_session=True))
+        proc = context.Process(target=rank_process, args=(str(run_dir), rank, _rank_env(rank, world_size, port)),
+                               name=f"ddp-rank{rank}", daemon=False)
+        proc.start()
+        procs.append(proc)
     return procs
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+def _stop(proc: BaseProcess) -> None:
+    if proc.exitcode is None:
+        proc.kill()
+    proc.join()
 
 
-def _wait(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> bool:
+def _wait(procs: list[BaseProcess], timeout_s: float) -> bool:
     """Wait for every rank; stop them all ``GRACE_S`` after the first failure or at the timeout (then False)."""
     deadline = time.monotonic() + timeout_s
     failed_at: float | None = None
     try:
-        while any(p.poll() is None for p in procs):
+        while any(p.exitcode is None for p in procs):
             now = time.monotonic()
-            if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+            if failed_at is None and any(p.exitcode not in (None, 0) for p in procs):
                 failed_at = now
             if now >= deadline or (failed_at is not None and now - failed_at >= GRACE_S):
                 return now < deadline
-            time.sleep(0.05)
+            time.sleep(0.02)
         return True
     finally:
         for proc in procs:
@@ -253,19 +273,21 @@ def rank_main(run_dir: Path, rank: int) -> dict[str, Any]:
     return record
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m course_lib.grading.ddp_ranks RUN_DIR RANK``: one rank of :func:`run_ranks`."""
-    args = sys.argv[1:] if argv is None else argv
-    run_dir, rank = Path(args[0]), int(args[1])
-    record = rank_main(run_dir, rank)
-    partial = run_dir / f".rank{rank}.partial"
+def rank_process(run_dir: str, rank: int, env: dict[str, str]) -> None:
+    """The target of each rank's process: set the environment, run :func:`rank_main`, save its record, exit."""
+    os.environ.update(env)
+    with open(Path(run_dir) / f"rank{rank}.log", "ab", buffering=0) as log:  # not the parent's (kernel's) output
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    torch.set_num_threads(1)
+    record = rank_main(Path(run_dir), rank)
+    partial = Path(run_dir) / f".rank{rank}.partial"
     torch.save(record, partial)
-    os.replace(partial, run_dir / f"rank{rank}.pt")
+    os.replace(partial, Path(run_dir) / f"rank{rank}.pt")
     sys.stdout.flush()
     sys.stderr.flush()
-    # A process group or DDP reducer left alive by the learner's code must not abort the exit (gloo threads).
+    # A process group or DDP reducer left alive by the learner's code must not abort the exit (gloo threads), and
+    # a forked child must not run the parent's exit handlers.
     os._exit(1 if "error" in record else 0)
-
-
-if __name__ == "__main__":
-    main()
