@@ -114,6 +114,35 @@ def flat_parameters(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float().cpu() for p in dist.unwrap(model).parameters()])
 
 
+class TwoHeads(nn.Module):
+    """A :class:`DemoMLP` body with two output heads, of which each step uses one (``forward(x, head="a")``).
+
+    The other head's parameters get no gradient that step: what DDP's ``find_unused_parameters`` is about.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = DemoMLP(n_blocks=1)
+        self.heads = nn.ModuleDict({"a": nn.Linear(CLASSES, CLASSES), "b": nn.Linear(CLASSES, CLASSES)})
+
+    def forward(self, x: torch.Tensor, head: str = "a") -> torch.Tensor:
+        return self.heads[head](self.body(x))
+
+
+def global_batches(reads: Sequence[Sequence[int]], group: int) -> list[list[int]]:
+    """The global batch of every optimizer step, from the indices each rank read in order.
+
+    ``group`` is the samples one rank contributes to a step (micro-batch size x accumulation steps); the global
+    batch of step k is every rank's k-th group, together. Raises ``ValueError`` when the ranks read different
+    numbers of samples or not whole groups (then no single-process run matches).
+    """
+    lengths = {len(r) for r in reads}
+    if len(lengths) != 1 or next(iter(lengths)) % group:
+        raise ValueError(f"the ranks read {[len(r) for r in reads]} samples: not the same whole number of groups "
+                         f"of {group}")
+    return [[i for r in reads for i in r[k:k + group]] for k in range(0, len(reads[0]), group)]
+
+
 def one_process_reference(model: nn.Module, dataset: Dataset, global_batches: Sequence[Sequence[int]],
                           lr: float) -> nn.Module:
     """Train ``model`` in one process with plain SGD, one step per global batch (a list of dataset indices).

@@ -122,12 +122,11 @@ def replicas_identical(ns: dict[str, Any]) -> None:
 
 def _global_batches(cfg: dict[str, Any], run: dict[str, Any]) -> list[list[int]]:
     """What one process must train on to match: per optimizer step, every rank's micro-batches of that group."""
-    group = cfg["batch"] * cfg["accum"]
-    reads = [r["reads"] for r in run["ranks"]]
-    if len({len(r) for r in reads}) != 1 or len(reads[0]) % group:
-        raise CheckFailed("the ranks read different numbers of samples, or not whole accumulation groups",
-                          got=[len(r) for r in reads])
-    return [[i for r in reads for i in r[k:k + group]] for k in range(0, len(reads[0]), group)]
+    try:
+        return ddp_demo.global_batches([r["reads"] for r in run["ranks"]], cfg["batch"] * cfg["accum"])
+    except ValueError as exc:
+        raise CheckFailed(f"{exc}: every rank must read whole accumulation groups of the same size",
+                          got=[len(r["reads"]) for r in run["ranks"]]) from None
 
 
 @check_for("11", "matches one process with the same global batch", points=2)
