@@ -83,7 +83,8 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError as exc:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer; torchrun sets it, do not edit it.") from exc
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer; torchrun sets it, do not edit "
+                         "it.") from exc
 
 
 def _pick_dist_device(device: str | torch.device, local_rank: int, world_size: int) -> torch.device:
@@ -136,7 +137,8 @@ def setup(backend: str | None = None, device: str | torch.device = "auto") -> Di
     if backend is None:
         backend = "nccl" if chosen.type == "cuda" else "gloo"
     if backend == "nccl" and chosen.type != "cuda":
-        raise ValueError(f"backend='nccl' needs CUDA tensors but the device is {chosen}; use backend='gloo' on the CPU.")
+        raise ValueError(f"backend='nccl' needs CUDA tensors but the device is {chosen}; use backend='gloo' on the "
+                         "CPU.")
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)
     if not torch_dist.is_initialized():
@@ -262,7 +264,8 @@ def wrap_model(model: nn.Module, ctx: DistContext, strategy: str = "ddp") -> nn.
     if ctx.world_size == 1 or strategy == "none":
         return model
     if not _initialised():
-        raise RuntimeError("wrap_model needs a process group when world_size > 1; call course_lib.distributed.setup() first.")
+        raise RuntimeError("wrap_model needs a process group when world_size > 1; call "
+                           "course_lib.distributed.setup() first.")
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 

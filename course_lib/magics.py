@@ -282,4 +282,5 @@ def torchrun_cell(line: str, cell: str) -> None:
 
 def load_ipython_extension(ipython: object) -> None:
     """Called by ``%load_ext course_lib.magics``: registers the ``%%torchrun`` cell magic."""
-    ipython.register_magic_function(torchrun_cell, magic_kind="cell", magic_name="torchrun")  # type: ignore[attr-defined]
+    register = ipython.register_magic_function  # type: ignore[attr-defined]
+    register(torchrun_cell, magic_kind="cell", magic_name="torchrun")
