@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import linecache
 import multiprocessing
 import os
 import socket
@@ -42,6 +43,7 @@ from course_lib import ddp_demo
 from course_lib import distributed as dist
 
 CHECKPOINT = "model.pt"
+CELL_NAME = "<exercise cell>"
 GRACE_S = 5.0  # after one rank failed, how long the others may still finish on their own
 
 
@@ -55,8 +57,6 @@ def cell_source(fn: Callable[..., Any]) -> str:
     Jupyter and the grading worker both register every cell's text with :mod:`linecache`; ``inspect`` would give
     only the function, without the imports and helpers of its cell.
     """
-    import linecache
-
     filename = fn.__code__.co_filename
     lines = linecache.getlines(filename)
     if not lines:
@@ -254,7 +254,8 @@ def rank_main(run_dir: Path, rank: int) -> dict[str, Any]:
     try:
         source = (run_dir / "cell.py").read_text(encoding="utf-8")
         namespace: dict[str, Any] = {"__name__": "__ddp_rank__"}
-        exec(compile(source, "<exercise cell>", "exec"), namespace)
+        linecache.cache[CELL_NAME] = (len(source), None, source.splitlines(True), CELL_NAME)  # quoted in tracebacks
+        exec(compile(source, CELL_NAME, "exec"), namespace)
         fn = namespace.get(job["function"])
         if not callable(fn):
             raise NameError(f"the cell no longer defines {job['function']}")
