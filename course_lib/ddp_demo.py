@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from course_lib import distributed as dist
 
@@ -73,6 +73,92 @@ def make_dataset(n: int = 256, seed: int = 0) -> TensorDataset:
     x = torch.randn(n, IN_FEATURES, generator=g)
     y = (x[:, :CLASSES] * 2).argmax(dim=1)
     return TensorDataset(x, y)
+
+
+class RecordingDataset(Dataset):
+    """``(x, y)`` pairs that remember which indices this process read, in order (``reads``).
+
+    Exercise 11 hands one to the learner's DDP loop on every rank: what a rank *read* shows whether it used a
+    ``DistributedSampler`` (disjoint shards) and called ``set_epoch`` (a new order each epoch). Read it with
+    ``num_workers=0``: worker processes would record into their own copies.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} rows but y has {len(y)}; they must pair up.")
+        self.x, self.y = x, y
+        self.reads: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reads.append(int(index))
+        return self.x[index], self.y[index]
+
+
+def make_recording_dataset(n: int = 48, seed: int = 0) -> RecordingDataset:
+    """:func:`make_dataset`'s samples in a :class:`RecordingDataset`."""
+    x, y = make_dataset(n, seed).tensors
+    return RecordingDataset(x, y)
+
+
+def make_model(seed: int = 0, n_blocks: int = 1) -> DemoMLP:
+    """A :class:`DemoMLP` whose initial weights depend on ``seed`` only (the same on every rank)."""
+    torch.manual_seed(seed)
+    return DemoMLP(n_blocks)
+
+
+def flat_parameters(model: nn.Module) -> torch.Tensor:
+    """Every parameter of ``model`` (a DDP wrapper is looked through) as one detached CPU vector."""
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in dist.unwrap(model).parameters()])
+
+
+class TwoHeads(nn.Module):
+    """A :class:`DemoMLP` body with two output heads, of which each step uses one (``forward(x, head="a")``).
+
+    The other head's parameters get no gradient that step: what DDP's ``find_unused_parameters`` is about.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = DemoMLP(n_blocks=1)
+        self.heads = nn.ModuleDict({"a": nn.Linear(CLASSES, CLASSES), "b": nn.Linear(CLASSES, CLASSES)})
+
+    def forward(self, x: torch.Tensor, head: str = "a") -> torch.Tensor:
+        return self.heads[head](self.body(x))
+
+
+def global_batches(reads: Sequence[Sequence[int]], group: int) -> list[list[int]]:
+    """The global batch of every optimizer step, from the indices each rank read in order.
+
+    ``group`` is the samples one rank contributes to a step (micro-batch size x accumulation steps); the global
+    batch of step k is every rank's k-th group, together. Raises ``ValueError`` when the ranks read different
+    numbers of samples or not whole groups (then no single-process run matches).
+    """
+    lengths = {len(r) for r in reads}
+    if len(lengths) != 1 or next(iter(lengths)) % group:
+        raise ValueError(f"the ranks read {[len(r) for r in reads]} samples: not the same whole number of groups "
+                         f"of {group}")
+    return [[i for r in reads for i in r[k:k + group]] for k in range(0, len(reads[0]), group)]
+
+
+def one_process_reference(model: nn.Module, dataset: Dataset, global_batches: Sequence[Sequence[int]],
+                          lr: float) -> nn.Module:
+    """Train ``model`` in one process with plain SGD, one step per global batch (a list of dataset indices).
+
+    The loss of each step is the mean over the whole global batch: what N ranks of DDP compute together when each
+    averages its micro-batches (``loss / accum``) and DDP averages over the ranks. Returns ``model``, trained.
+    """
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for indices in global_batches:
+        pairs = [dataset[i] for i in indices]
+        x = torch.stack([p[0] for p in pairs])
+        y = torch.stack([p[1] for p in pairs])
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return model
 
 
 def _flat_params(model: nn.Module) -> torch.Tensor:

@@ -83,7 +83,8 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError as exc:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer; torchrun sets it, do not edit it.") from exc
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer; torchrun sets it, do not edit "
+                         "it.") from exc
 
 
 def _pick_dist_device(device: str | torch.device, local_rank: int, world_size: int) -> torch.device:
@@ -136,7 +137,8 @@ def setup(backend: str | None = None, device: str | torch.device = "auto") -> Di
     if backend is None:
         backend = "nccl" if chosen.type == "cuda" else "gloo"
     if backend == "nccl" and chosen.type != "cuda":
-        raise ValueError(f"backend='nccl' needs CUDA tensors but the device is {chosen}; use backend='gloo' on the CPU.")
+        raise ValueError(f"backend='nccl' needs CUDA tensors but the device is {chosen}; use backend='gloo' on the "
+                         "CPU.")
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)
     if not torch_dist.is_initialized():
@@ -262,7 +264,8 @@ def wrap_model(model: nn.Module, ctx: DistContext, strategy: str = "ddp") -> nn.
     if ctx.world_size == 1 or strategy == "none":
         return model
     if not _initialised():
-        raise RuntimeError("wrap_model needs a process group when world_size > 1; call course_lib.distributed.setup() first.")
+        raise RuntimeError("wrap_model needs a process group when world_size > 1; call "
+                           "course_lib.distributed.setup() first.")
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -312,6 +315,34 @@ def no_sync_if(model: nn.Module, condition: bool) -> Iterator[None]:
             model.set_requires_gradient_sync(True)  # type: ignore[attr-defined]
         return
     yield
+
+
+class AllReduceCounter:
+    """A DDP communication hook that all-reduces as DDP does by default and counts what it sends.
+
+    ``model.register_comm_hook(None, counter.hook)`` (before the first backward). DDP groups gradients into *buckets*
+    (``bucket_cap_mb``, 25 MB by default) and all-reduces each bucket as soon as its gradients are ready; this
+    hook is called once per bucket. ``syncs`` counts backward passes that synchronised (``no_sync`` blocks skip
+    the hook entirely), ``buckets`` every bucket sent, ``bucket_elements`` the sizes of the last pass's buckets.
+    """
+
+    def __init__(self) -> None:
+        self.syncs = 0
+        self.buckets = 0
+        self.bucket_elements: list[int] = []
+        self._current: list[int] = []
+
+    # DDP rejects a hook whose ``bucket``/return annotations are not the runtime GradBucket/Future classes
+    # (postponed annotations are strings), so these two stay unannotated.
+    def hook(self, state: object, bucket):  # type: ignore[no-untyped-def]
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        self.buckets += 1
+        self._current.append(bucket.buffer().numel())
+        if bucket.is_last():
+            self.syncs += 1
+            self.bucket_elements, self._current = self._current, []
+        return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default process group
 
 
 def unwrap(model: nn.Module) -> nn.Module:

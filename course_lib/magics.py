@@ -123,6 +123,77 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
+def _target(code_or_path: str | os.PathLike[str], tmp: Path) -> str | Path:
+    """What torchrun starts: ``"-m module"`` as is, an existing ``.py`` file, or the code written to ``tmp/cell.py``."""
+    if isinstance(code_or_path, str) and code_or_path.startswith("-m ") and "\n" not in code_or_path:
+        return code_or_path
+    looks_like_path = isinstance(code_or_path, os.PathLike) or (
+        isinstance(code_or_path, str) and "\n" not in code_or_path and code_or_path.strip().endswith(".py")
+    )
+    if looks_like_path:
+        path = Path(code_or_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"script {str(path)!r} does not exist; pass code as a string or an existing .py "
+                                    "path.")
+        return path
+    script = tmp / "cell.py"
+    script.write_text(str(code_or_path), encoding="utf-8")
+    return script
+
+
+def _child_env(env: dict[str, str] | None) -> dict[str, str]:
+    """This process's environment for the job: one thread per rank unless set, unbuffered output, plus ``env``."""
+    child_env = dict(os.environ)
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    child_env["PYTHONUNBUFFERED"] = "1"
+    child_env.update(env or {})
+    return child_env
+
+
+def _launch(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """Start the launcher in its own process group (one ``killpg`` stops it and every rank), output piped."""
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True, bufsize=1, env=env, start_new_session=True)
+
+
+def _stream(proc: subprocess.Popen[str], timeout: float | None, on_line: Callable[[str], None] | None) -> list[str]:
+    """Collect the job's output lines as they arrive (handing each to ``on_line``) until it closes its output.
+
+    Past ``timeout`` the whole job is killed and :class:`TorchrunError` raised; any exception (the timeout, or
+    ``KeyboardInterrupt`` from the notebook) kills the job before it propagates.
+    """
+    lines: queue.Queue[str | None] = queue.Queue()
+    reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
+    reader.start()
+    collected: list[str] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            wait = 0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic()))
+            try:
+                line = lines.get(timeout=wait)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    _kill_group(proc)
+                    output = "".join(collected)
+                    raise TorchrunError(
+                        f"torchrun job killed after its timeout of {timeout} s; last lines:\n{_tail(output)}",
+                        returncode=proc.returncode if proc.returncode is not None else -1,
+                        output=output,
+                    ) from None
+                continue
+            if line is None:
+                return collected
+            collected.append(line)
+            if on_line is not None:
+                on_line(line)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        reader.join(timeout=5)
+
+
 def run_torchrun(
     code_or_path: str | os.PathLike[str],
     nproc: int = 2,
@@ -150,72 +221,18 @@ def run_torchrun(
     A non-zero return code is *returned*, not raised: the caller decides (the magic raises).
     """
     _validate(nproc, timeout)
-    module = isinstance(code_or_path, str) and code_or_path.startswith("-m ") and "\n" not in code_or_path
-    looks_like_path = isinstance(code_or_path, os.PathLike) or (
-        isinstance(code_or_path, str) and "\n" not in code_or_path and code_or_path.strip().endswith(".py")
-    )
-    path = Path(code_or_path) if looks_like_path else None
-    if path is not None and not path.is_file():
-        raise FileNotFoundError(f"script {str(path)!r} does not exist; pass code as a string or an existing .py path.")
-
-    child_env = dict(os.environ)
-    child_env.setdefault("OMP_NUM_THREADS", "1")
-    child_env["PYTHONUNBUFFERED"] = "1"
-    if env:
-        child_env.update(env)
-
     with tempfile.TemporaryDirectory(prefix="course_torchrun_") as tmp:
-        target: str | Path
-        if module:
-            target = str(code_or_path)
-        elif path is not None:
-            target = path
-        else:
-            target = Path(tmp) / "cell.py"
-            target.write_text(str(code_or_path), encoding="utf-8")
+        target = _target(code_or_path, Path(tmp))
         cmd = torchrun_command(target, nproc=nproc, log_dir=Path(tmp) / "logs", script_args=script_args,
                                rdzv_endpoint=rdzv_endpoint)
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-            env=child_env,
-            start_new_session=True,  # its own process group, so one killpg stops launcher and ranks
-        )
-        lines: queue.Queue[str | None] = queue.Queue()
-        reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
-        reader.start()
-        collected: list[str] = []
-        deadline = None if timeout is None else time.monotonic() + timeout
+        proc = _launch(cmd, _child_env(env))
         try:
-            while True:
-                wait = 0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic()))
-                try:
-                    line = lines.get(timeout=wait)
-                except queue.Empty:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        _kill_group(proc)
-                        output = "".join(collected)
-                        raise TorchrunError(
-                            f"torchrun job killed after its timeout of {timeout} s; last lines:\n{_tail(output)}",
-                            returncode=proc.returncode if proc.returncode is not None else -1,
-                            output=output,
-                        ) from None
-                    continue
-                if line is None:
-                    break
-                collected.append(line)
-                if on_line is not None:
-                    on_line(line)
+            collected = _stream(proc, timeout, on_line)
             returncode = proc.wait()
-        except BaseException:  # KeyboardInterrupt from the notebook, or the timeout above
+        except BaseException:  # e.g. interrupted while waiting for the exit code
             _kill_group(proc)
             raise
         finally:
-            reader.join(timeout=5)
             if proc.stdout is not None:
                 proc.stdout.close()
     return returncode, "".join(collected)
@@ -265,4 +282,5 @@ def torchrun_cell(line: str, cell: str) -> None:
 
 def load_ipython_extension(ipython: object) -> None:
     """Called by ``%load_ext course_lib.magics``: registers the ``%%torchrun`` cell magic."""
-    ipython.register_magic_function(torchrun_cell, magic_kind="cell", magic_name="torchrun")  # type: ignore[attr-defined]
+    register = ipython.register_magic_function  # type: ignore[attr-defined]
+    register(torchrun_cell, magic_kind="cell", magic_name="torchrun")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from course_lib import ddp_demo
 
@@ -57,3 +58,37 @@ def test_result_files_are_whole_json(tmp_path: Path) -> None:
     ddp_demo.main(["--strategy", "ddp", "--epochs", "1", "--steps", "1", "--results", str(tmp_path)])
     assert not list(tmp_path.glob(".*.tmp"))  # written through a temporary file, then renamed
     json.loads((tmp_path / "ddp.rank0.json").read_text())
+
+
+def test_global_batches_put_every_ranks_kth_group_together() -> None:
+    reads = [[0, 1, 2, 3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15, 16, 17]]
+    assert ddp_demo.global_batches(reads, 4) == [[0, 1, 2, 3, 10, 11, 12, 13], [4, 5, 6, 7, 14, 15, 16, 17]]
+    with pytest.raises(ValueError, match="same whole number"):
+        ddp_demo.global_batches([[0, 1, 2], [3, 4, 5]], 2)
+    with pytest.raises(ValueError, match=r"\[2, 4\]"):
+        ddp_demo.global_batches([[0, 1], [2, 3, 4, 5]], 2)
+
+
+def test_recording_dataset_remembers_reads_and_the_reference_steps_on_the_whole_batch() -> None:
+    data = ddp_demo.make_recording_dataset(8, seed=1)
+    x, y = data[5]
+    assert data.reads == [5] and torch.equal(x, ddp_demo.make_dataset(8, seed=1).tensors[0][5])
+    with pytest.raises(ValueError, match="pair up"):
+        ddp_demo.RecordingDataset(torch.zeros(3, 2), torch.zeros(2))
+    # One reference step on a batch of 4 is one SGD step on the mean loss of those 4 samples.
+    model = ddp_demo.make_model(seed=3)
+    manual = ddp_demo.make_model(seed=3)
+    assert torch.equal(ddp_demo.flat_parameters(model), ddp_demo.flat_parameters(manual))
+    ddp_demo.one_process_reference(model, data, [[0, 1, 2, 3]], lr=0.5)
+    xs, ys = ddp_demo.make_dataset(8, seed=1).tensors
+    torch.nn.functional.cross_entropy(manual(xs[:4]), ys[:4]).backward()
+    with torch.no_grad():
+        for p in manual.parameters():
+            p -= 0.5 * p.grad
+    assert torch.allclose(ddp_demo.flat_parameters(model), ddp_demo.flat_parameters(manual), atol=1e-7)
+
+
+def test_two_heads_leave_the_unused_head_without_gradient() -> None:
+    model = ddp_demo.TwoHeads()
+    model(torch.randn(2, ddp_demo.IN_FEATURES), head="a").sum().backward()
+    assert model.heads["a"].weight.grad is not None and model.heads["b"].weight.grad is None

@@ -141,3 +141,66 @@ def test_demo_runs_single_process(capsys: pytest.CaptureFixture[str]) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+# --- the exercise-11 harness and the all-reduce counter ------------------------------------------------------------
+
+_HARNESS_CELL = '''
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from course_lib.distributed import AllReduceCounter
+
+
+def count_buckets(rank, world_size, model, dataset, cfg, out_dir):
+    """Backward three times: once inside no_sync (no all-reduce), twice outside (once per bucket each)."""
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    model = DDP(model, bucket_cap_mb=cfg["cap_mb"])
+    x, y = dataset[rank]
+    with model.no_sync():
+        model(x[None]).sum().backward()
+    for _ in range(2):  # the first synchronised backward uses one bucket; DDP then rebuilds them at the cap
+        model(x[None]).sum().backward()
+    dist.destroy_process_group()
+    return model.module
+
+
+def fails_on_rank_1(rank, world_size, model, dataset, cfg, out_dir):
+    if rank == 1:
+        raise ValueError("rank 1 gives up before joining")
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)  # waits for rank 1 forever
+    return model
+'''
+
+
+def _harness_functions(tmp_path: Path) -> dict:
+    """The cell above, defined from a file so that its source can be found again (as a notebook cell's can)."""
+    path = tmp_path / "cell.py"
+    path.write_text(_HARNESS_CELL)
+    ns: dict = {}
+    exec(compile(_HARNESS_CELL, str(path), "exec"), ns)
+    return ns
+
+
+def test_ranks_run_a_cell_and_report_allreduces_reads_and_saves(tmp_path: Path) -> None:
+    """Two real ranks: the counter sees the synchronised backward only, split into buckets by bucket_cap_mb."""
+    from course_lib.grading.ddp_ranks import run_ranks
+
+    fn = _harness_functions(tmp_path)["count_buckets"]
+    result = run_ranks(fn, {"seed": 0, "n": 4, "cap_mb": 0.002}, timeout_s=120)
+    for rank, record in enumerate(result["ranks"]):
+        assert "error" not in record, record
+        assert record["reads"] == [rank] and record["syncs"] == 2 and record["ddp_models"] == 1
+        assert record["buckets"] > 2 and record["saves"] == []
+    a, b = (r["params"] for r in result["ranks"])
+    assert torch.equal(a, b) and result["checkpoint"] is None and result["files"] == []
+    assert run_ranks(fn, {"seed": 0, "n": 4, "cap_mb": 0.002}, reuse=True) is result  # same cell and job
+
+
+def test_a_failing_rank_is_reported_and_the_waiting_one_stopped(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from course_lib.grading import ddp_ranks
+
+    monkeypatch.setattr(ddp_ranks, "GRACE_S", 0.5)
+    fn = _harness_functions(tmp_path)["fails_on_rank_1"]
+    with pytest.raises(ddp_ranks.RanksFailed, match="rank 0 ended without reporting"):
+        ddp_ranks.run_ranks(fn, {"seed": 0, "n": 4}, timeout_s=120)

@@ -404,25 +404,6 @@ WRONG: list[tuple[str, str, str, str]] = [
             return {"median_ms": statistics.median(times), "batch": example.shape[0], "shape": tuple(example.shape),
                     "device": str(device), "precision": str(example.dtype), "warmup": warmup, "reps": reps}
         """, "synchronised"),
-    # ---------------------------------------------------------------- 11
-    ("11", "set_epoch forgotten", """
-        def rank_indices(n, world_size, rank, epoch, seed=0):
-            return list(DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed))
-        """, "set_epoch"),
-    ("11", "contiguous shards (no shuffle)", """
-        def rank_indices(n, world_size, rank, epoch, seed=0):
-            per = -(-n // world_size)
-            return [i % n for i in range(rank * per, (rank + 1) * per)]
-        """, "disjoint"),
-    ("11", "LR scaled by the per-device batch only", """
-        def scaled_lr(base_lr, base_batch, per_device_batch, world_size, accum=1):
-            return base_lr * per_device_batch / base_batch
-        """, "linear LR"),
-    ("11", "every rank saves", """
-        def save_on_main(state, path, rank):
-            torch.save(state, path)
-            return True
-        """, "rank 0"),
     # ---------------------------------------------------------------- 12
     ("12", "bare optimizer and scheduler (no monitor)", """
         class LitClassifier(LitClassifier):

@@ -1,95 +1,209 @@
-"""Checks for exercise 11: the data-parallel bookkeeping, without launching any process.
+"""Checks for exercise 11: the learner's DDP training loop, run for real on two processes.
 
-The learner defines ``rank_indices(n, world_size, rank, epoch, seed=0)`` (with torch's ``DistributedSampler``,
-passing ``num_replicas`` and ``rank`` explicitly), ``effective_batch(per_device_batch, world_size, accum=1)``,
-``scaled_lr(base_lr, base_batch, per_device_batch, world_size, accum=1)`` (the linear rule) and
-``save_on_main(state, path, rank)``. Expected values come from ``DistributedSampler`` itself and from
-:func:`course_lib.distributed.scaled_lr`.
+The learner defines ``ddp_train(rank, world_size, model, dataset, cfg, out_dir)`` (and the helpers
+``effective_batch`` and ``scaled_lr``) in one exercise cell. :func:`course_lib.grading.ddp_ranks.run_ranks` runs the
+cell on two gloo processes (the source crosses the process boundary, not a pickled function), once per grading
+run: every check below judges the same run, whose configuration comes from the run's seed. Each rank reports what
+it *read* from the dataset, its final parameters, how many gradient all-reduces DDP sent and which files it saved;
+the judge compares them with ``DistributedSampler``'s shards and with a one-process reference trained on the same
+global batches (:func:`course_lib.ddp_demo.one_process_reference`).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
+from course_lib import ddp_demo
 from course_lib.distributed import scaled_lr as reference_scaled_lr
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
+from course_lib.grading.ddp_ranks import CHECKPOINT, RanksFailed, exercise_config, run_ranks
+
+WORLD = 2
+TIMEOUT_S = 240.0  # two fresh interpreters importing torch on a busy machine; a hang is what it guards against
 
 
-def _sampler_indices(n: int, world: int, rank: int, epoch: int, seed: int = 0) -> list[int]:
-    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+def _run(ns: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    fn = need(ns, "ddp_train", "define `ddp_train(rank, world_size, model, dataset, cfg, out_dir)` in the "
+                               "exercise cell")
+    try:
+        result = run_ranks(fn, cfg, world_size=WORLD, timeout_s=TIMEOUT_S, reuse=True)
+    except RanksFailed as exc:
+        raise CheckFailed(f"the two-process run did not complete: {exc}",
+                          hint="every rank must reach the same collectives (each backward outside no_sync is "
+                               "one); run the demo cell to see both ranks' output") from None
+    for record in result["ranks"]:
+        error = record.get("error")
+        if error is None:
+            continue
+        if error["type"] == "NotImplementedError" and error["message"].startswith("Exercise"):
+            raise NotImplementedError(error["message"])
+        raise CheckFailed(f"rank {record['rank']} raised {error['type']}: {error['message']}",
+                          hint="the cell runs on its own in each process: it must import everything it uses",
+                          got=error["where"].strip().splitlines()[-3:])
+    return result
+
+
+def _ranks(ns: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    cfg = exercise_config(run_seed(ns))
+    return cfg, observe(ns, _run, cfg)
+
+
+def _expected_shard(cfg: dict[str, Any], rank: int, epoch: int) -> list[int]:
+    sampler = DistributedSampler(range(cfg["n"]), num_replicas=WORLD, rank=rank, shuffle=True, seed=cfg["seed"])
     sampler.set_epoch(epoch)
     return list(sampler)
 
 
-def _learner_indices(ns: dict[str, Any], n: int, world: int, rank: int, epoch: int) -> Any:
-    fn = need(ns, "rank_indices", "define `rank_indices(n, world_size, rank, epoch, seed=0)` returning a list of ints")
-    got = call(fn, n, world, rank, epoch)
-    try:
-        return [int(i) for i in got]
-    except (TypeError, ValueError):
-        return one_line(got)
+def _epochs(cfg: dict[str, Any], reads: list[int]) -> list[list[int]]:
+    """A rank's reads cut into epochs (of ``n / world`` samples when it used the sampler)."""
+    per = cfg["n"] // WORLD
+    if len(reads) == cfg["epochs"] * cfg["n"]:  # no sampler: each rank read everything
+        per = cfg["n"]
+    return [reads[e * per:(e + 1) * per] for e in range(cfg["epochs"])]
 
 
-def _indices(ns: dict[str, Any], n: int, world: int, rank: int, epoch: int) -> list[int]:
-    got = observe(ns, _learner_indices, n, world, rank, epoch)
-    if not isinstance(got, list):
-        raise CheckFailed("rank_indices should return a list of ints", got=got)
-    return got
-
-
-@check_for("11", "ranks see disjoint shards covering the data", points=2)
-def disjoint_cover(ns: dict[str, Any]) -> None:
-    n, world = 36, 4
-    shards = [_indices(ns, n, world, r, epoch=2) for r in range(world)]
-    for rank, shard in enumerate(shards):
-        expected = _sampler_indices(n, world, rank, 2)
-        if shard != expected:
+@check_for("11", "ranks read disjoint shards (DistributedSampler)", points=2)
+def disjoint_shards(ns: dict[str, Any]) -> None:
+    cfg, run = _ranks(ns)
+    first = [_epochs(cfg, r["reads"])[0] for r in run["ranks"]]
+    if set(first[0]) & set(first[1]):
+        raise CheckFailed(
+            "both ranks read the same samples in epoch 0: two processes did one process's work",
+            hint="DataLoader(dataset, batch_size=..., sampler=DistributedSampler(dataset, num_replicas=world_size, "
+                 "rank=rank, shuffle=True, seed=cfg['seed'])); no shuffle=True on the loader itself",
+            got={"rank 0": first[0][:8], "rank 1": first[1][:8]},
+        )
+    for rank, got in enumerate(first):
+        expected = _expected_shard(cfg, rank, 0)
+        if got != expected:
             raise CheckFailed(
-                f"rank {rank} of {world} should see what DistributedSampler gives it (epoch 2)",
-                hint="DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed), "
-                "then sampler.set_epoch(epoch) before iterating",
-                expected=expected,
-                got=shard,
+                f"rank {rank} did not read the shard DistributedSampler gives it in epoch 0",
+                hint="pass num_replicas=world_size, rank=rank, shuffle=True and seed=cfg['seed'], and read the "
+                     "batches in the loader's order",
+                expected=expected, got=got,
             )
-    flat = [i for s in shards for i in s]
-    if sorted(flat) != list(range(n)):
-        raise CheckFailed("the ranks' shards should be disjoint and cover every index once", got=sorted(flat))
-    uneven = [len(_indices(ns, 10, 4, r, 0)) for r in range(4)]
-    if uneven != [3, 3, 3, 3]:
+
+
+@check_for("11", "set_epoch gives every epoch a new order", points=1)
+def set_epoch_used(ns: dict[str, Any]) -> None:
+    cfg, run = _ranks(ns)
+    for record in run["ranks"]:
+        epochs = _epochs(cfg, record["reads"])
+        if epochs[1] == epochs[0]:
+            raise CheckFailed(
+                f"rank {record['rank']} read epoch 1 in exactly the order of epoch 0: every epoch repeats the "
+                "same batches",
+                hint="call sampler.set_epoch(epoch) at the start of every epoch: the shuffle is seeded with "
+                     "seed + epoch",
+                got=epochs[1][:8],
+            )
+        expected = _expected_shard(cfg, record["rank"], 1)
+        if epochs[1] != expected:
+            raise CheckFailed(f"rank {record['rank']}'s epoch 1 is not DistributedSampler's after set_epoch(1)",
+                              expected=expected, got=epochs[1])
+
+
+@check_for("11", "replicas identical after training", points=1)
+def replicas_identical(ns: dict[str, Any]) -> None:
+    _, run = _ranks(ns)
+    a, b = (r["params"] for r in run["ranks"])
+    if a.shape != b.shape or not torch.allclose(a, b, rtol=0, atol=1e-6):
+        gap = (a - b).abs().max().item() if a.shape == b.shape else "different shapes"
         raise CheckFailed(
-            "with 10 samples on 4 ranks every rank still gets the same number (3): the sampler pads by repeating a "
-            "few indices, so all ranks run the same number of steps (or collectives would hang)",
-            expected=[3, 3, 3, 3],
-            got=uneven,
+            "the two ranks ended with different weights: their gradients were not averaged before every step",
+            hint="wrap the model with DistributedDataParallel(model) after init_process_group, and let the last "
+                 "micro-batch of each accumulation group run outside no_sync()",
+            got=f"largest difference {gap}",
         )
 
 
-@check_for("11", "set_epoch reshuffles", points=1)
-def epochs_differ(ns: dict[str, Any]) -> None:
-    a, b = _indices(ns, 40, 2, 1, epoch=0), _indices(ns, 40, 2, 1, epoch=1)
-    if a == b:
+def _global_batches(cfg: dict[str, Any], run: dict[str, Any]) -> list[list[int]]:
+    """What one process must train on to match: per optimizer step, every rank's micro-batches of that group."""
+    try:
+        return ddp_demo.global_batches([r["reads"] for r in run["ranks"]], cfg["batch"] * cfg["accum"])
+    except ValueError as exc:
+        raise CheckFailed(f"{exc}: every rank must read whole accumulation groups of the same size",
+                          got=[len(r["reads"]) for r in run["ranks"]]) from None
+
+
+@check_for("11", "matches one process with the same global batch", points=2)
+def matches_one_process(ns: dict[str, Any]) -> None:
+    cfg, run = _ranks(ns)
+    global_batch = cfg["batch"] * WORLD * cfg["accum"]
+    lr = reference_scaled_lr(cfg["base_lr"], cfg["base_batch"], global_batch, "linear")
+    dataset = ddp_demo.make_recording_dataset(cfg["n"], cfg["seed"])
+    reference = ddp_demo.one_process_reference(ddp_demo.make_model(cfg["seed"]), dataset,
+                                               _global_batches(cfg, run), lr)
+    want, got = ddp_demo.flat_parameters(reference), run["ranks"][0]["params"]
+    if want.shape != got.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+        moved_ratio = ((got - ddp_demo.flat_parameters(ddp_demo.make_model(cfg["seed"]))).norm()
+                       / (want - ddp_demo.flat_parameters(ddp_demo.make_model(cfg["seed"]))).norm()).item()
         raise CheckFailed(
-            "epoch 0 and epoch 1 gave rank 1 the same order: every epoch would repeat the same batches",
-            hint="call sampler.set_epoch(epoch): the shuffle is seeded with seed + epoch",
-            got=a,
+            f"rank 0's weights differ from one process trained with SGD at lr {lr:g} on the same "
+            f"{global_batch}-sample global batches",
+            hint="divide each micro-batch's loss by cfg['accum'] (DDP already averages over ranks), step once per "
+                 "accumulation group, and scale the LR linearly to the global batch (batch x world_size x accum)",
+            got=f"the weights moved {moved_ratio:.2f}x as far as the reference's",
         )
-    if b != _sampler_indices(40, 2, 1, 1):
-        raise CheckFailed("epoch 1 does not match DistributedSampler after set_epoch(1)", expected=_sampler_indices(40, 2, 1, 1), got=b)
+
+
+@check_for("11", "no_sync: one all-reduce per optimizer step", points=1)
+def one_allreduce_per_step(ns: dict[str, Any]) -> None:
+    cfg, run = _ranks(ns)
+    micro = len(run["ranks"][0]["reads"]) // cfg["batch"]
+    steps = micro // cfg["accum"]
+    for record in run["ranks"]:
+        if not record["ddp_models"]:
+            raise CheckFailed("no DistributedDataParallel model was built on this rank",
+                              hint="model = DistributedDataParallel(model) after init_process_group")
+        if record["syncs"] != steps:
+            why = ("every micro-batch's backward all-reduced its gradients" if record["syncs"] == micro else
+                   "fewer all-reduces than optimizer steps: some steps used gradients that were never averaged")
+            raise CheckFailed(
+                f"rank {record['rank']}: {why}",
+                hint="with model.no_sync(): for every micro-batch but the last of each group; the last one's "
+                     "backward (outside no_sync) all-reduces the accumulated gradients once",
+                expected=f"{steps} all-reduces ({micro} micro-batches, accum {cfg['accum']})",
+                got=f"{record['syncs']} all-reduces",
+            )
+
+
+@check_for("11", "only rank 0 saves, atomically", points=1)
+def rank0_saves(ns: dict[str, Any]) -> None:
+    _, run = _ranks(ns)
+    others = {r["rank"]: r["saves"] for r in run["ranks"] if r["rank"] != 0 and r["saves"]}
+    if others:
+        raise CheckFailed("ranks other than 0 wrote files: N processes writing one checkpoint race and corrupt "
+                          "it, and the replicas are identical anyway", hint="if rank == 0: save", got=others)
+    saves = run["ranks"][0]["saves"]
+    if CHECKPOINT in saves:
+        raise CheckFailed(f"rank 0 wrote {CHECKPOINT} in place: a run killed mid-write leaves a broken checkpoint",
+                          hint=f"torch.save to a temporary name in out_dir, then os.replace(tmp, {CHECKPOINT!r})",
+                          got=saves)
+    checkpoint = run["checkpoint"]
+    if not isinstance(checkpoint, torch.Tensor):
+        raise CheckFailed(f"rank 0 should leave out_dir/{CHECKPOINT} holding the model's state_dict",
+                          got=checkpoint if checkpoint is not None else f"files: {run['files']}")
+    if checkpoint.shape != run["ranks"][0]["params"].shape or not torch.equal(checkpoint,
+                                                                              run["ranks"][0]["params"]):
+        raise CheckFailed(f"{CHECKPOINT} does not hold the trained weights",
+                          hint="save model.module.state_dict() after the last step (module: the model inside DDP)")
 
 
 _SETUPS = ((24, 3, 1), (16, 8, 2), (5, 1, 7))
 
 
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else one_line(value)
+
+
 def _batches_and_lrs(ns: dict[str, Any]) -> list[list[Any]]:
     eff = need(ns, "effective_batch", "define `effective_batch(per_device_batch, world_size, accum=1)`")
     lr = need(ns, "scaled_lr", "define `scaled_lr(base_lr, base_batch, per_device_batch, world_size, accum=1)`")
-    plain = lambda v: v if isinstance(v, (int, float)) and not isinstance(v, bool) else one_line(v)  # noqa: E731
-    return [[plain(call(eff, per_device, world, accum)), plain(call(lr, 2e-3, 32, per_device, world, accum))]
+    return [[_plain(call(eff, per_device, world, accum)), _plain(call(lr, 2e-3, 32, per_device, world, accum))]
             for per_device, world, accum in _SETUPS]
 
 
@@ -112,40 +226,3 @@ def batch_and_lr(ns: dict[str, Any]) -> None:
                 expected=expected_lr,
                 got=got_lr,
             )
-
-
-def _saves(ns: dict[str, Any]) -> dict[str, Any]:
-    save = need(ns, "save_on_main", "define `save_on_main(state, path, rank)` returning True when it wrote the file")
-    state = {"step": 17, "w": torch.arange(4.0)}
-    with tempfile.TemporaryDirectory() as tmp:
-        others = [os.path.join(tmp, f"rank{r}.pt") for r in (1, 3)]
-        results = [one_line(call(save, state, p, r)) for p, r in zip(others, (1, 3))]
-        written = [p for p in others if os.path.exists(p)]
-        path = os.path.join(tmp, "ckpt.pt")
-        main = one_line(call(save, state, path, 0))
-        try:
-            loaded = torch.load(path, weights_only=True) if os.path.exists(path) else None
-        except Exception as exc:
-            loaded = f"unreadable: {type(exc).__name__}"
-        return {"others": results, "written": len(written), "main": main, "files": sorted(os.listdir(tmp)),
-                "loaded": loaded if isinstance(loaded, (dict, str)) or loaded is None else one_line(loaded)}
-
-
-@check_for("11", "only rank 0 saves", points=1)
-def rank0_saves(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _saves)
-    if seen["written"] or any(r != repr(False) and r != repr(None) for r in seen["others"]):
-        raise CheckFailed(
-            "ranks other than 0 wrote a checkpoint: N processes writing one file corrupt it, and the copies "
-            "are identical anyway",
-            hint="if rank != 0: return False",
-            got={"returned": seen["others"], "files written": seen["written"]},
-        )
-    if seen["main"] != repr(True) or seen["loaded"] is None:
-        raise CheckFailed("rank 0 should write the file and return True", got={"returned": seen["main"],
-                                                                                "files": seen["files"]})
-    loaded = seen["loaded"]
-    if not isinstance(loaded, dict) or loaded.get("step") != 17 or not (
-            isinstance(loaded.get("w"), torch.Tensor) and torch.equal(loaded["w"], torch.arange(4.0))):
-        raise CheckFailed("the file rank 0 wrote does not hold the state it was given",
-                          expected={"step": 17, "w": torch.arange(4.0)}, got=loaded)

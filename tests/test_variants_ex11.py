@@ -1,0 +1,167 @@
+"""Exercise 11 (a DDP loop on two real processes): realistic mistakes fail their check, correct variants pass.
+
+Each row is appended to the solution's exercise cell, as a learner would edit it: the checks run the *cell* on two
+processes (its source crosses the process boundary), so the row's redefinition is what every rank executes. Judged
+through the grader's observe -> save -> load -> replay path (:func:`course_lib.grading.inprocess.observe_and_judge`).
+Every row costs one two-process run (two fresh interpreters): keep the table short.
+"""
+
+from __future__ import annotations
+
+import linecache
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from course_lib.grading import notebook
+from course_lib.grading.api import CELL_ERRORS, CheckResult
+from course_lib.grading.inprocess import observe_and_judge
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(600)
+
+
+def _cells() -> tuple[list[str], str]:
+    nb = notebook.read(REPO / "solutions" / "11_ddp.ipynb")
+    setup = ["".join(c["source"]) for c in nb["cells"] if "setup" in c.get("metadata", {}).get("tags", [])]
+    (exercise,) = ["".join(c["source"]) for c in nb["cells"]
+                   if "exercise" in c.get("metadata", {}).get("tags", [])]
+    return setup, exercise
+
+
+def judge(name: str, code: str, only: str = "") -> dict[str, CheckResult]:
+    """The solution's set-up cell, then its exercise cell with ``code`` appended, judged as the grader does."""
+    setup, exercise = _cells()
+    ns: dict = {"__name__": "__main__", CELL_ERRORS: []}
+    for source in setup:
+        exec(compile(source, "<setup>", "exec"), ns)
+    cell = exercise + "\n\n" + textwrap.dedent(code)
+    filename = f"<exercise 11 variant: {name}>"
+    linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)  # as Jupyter registers a cell
+    exec(compile(cell, filename, "exec"), ns)
+    return {r.name: r for r in observe_and_judge("11", ns, only)}
+
+
+def _train(*, sampler: str = "DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, "
+                             "seed=cfg['seed'])",
+           loader_shuffle: str = "", set_epoch: str = "sampler.set_epoch(epoch)",
+           loss: str = "F.cross_entropy(model(x), y) / cfg['accum']",
+           context: str = "contextlib.nullcontext() if last else model.no_sync()",
+           save_if: str = "rank == 0") -> str:
+    """The solution's loop with one piece replaced (what learners get wrong is usually one line)."""
+    return f"""
+        def ddp_train(rank, world_size, model, dataset, cfg, out_dir):
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+            model = DDP(model)
+            sampler = {sampler}
+            loader = DataLoader(dataset, batch_size=cfg["batch"], sampler=sampler{loader_shuffle})
+            lr = scaled_lr(cfg["base_lr"], cfg["base_batch"], cfg["batch"], world_size, cfg["accum"])
+            optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+            for epoch in range(cfg["epochs"]):
+                {set_epoch}
+                for i, (x, y) in enumerate(loader):
+                    last = (i + 1) % cfg["accum"] == 0
+                    with {context}:
+                        loss = {loss}
+                        loss.backward()
+                    if last:
+                        optimizer.step()
+                        optimizer.zero_grad()
+            if {save_if}:
+                torch.save(model.module.state_dict(), os.path.join(out_dir, "model.pt.tmp"))
+                os.replace(os.path.join(out_dir, "model.pt.tmp"), os.path.join(out_dir, "model.pt"))
+            dist.destroy_process_group()
+            return model.module
+        """
+
+
+# (what the mistake is, the code appended to the cell, a word from the name of the check that must fail)
+WRONG: list[tuple[str, str, str]] = [
+    ("no DistributedSampler: every rank shuffles the whole dataset",
+     _train(sampler="torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(0))"),
+     "disjoint"),
+    ("set_epoch forgotten", _train(set_epoch="pass"), "set_epoch"),
+    ("every rank saves the checkpoint", _train(save_if="True"), "rank 0"),
+    ("loss not divided by the accumulation steps", _train(loss="F.cross_entropy(model(x), y)"), "one process"),
+    ("no_sync forgotten: every micro-batch all-reduces", _train(context="contextlib.nullcontext()"), "no_sync"),
+    ("forward outside no_sync, only backward inside", """
+        def ddp_train(rank, world_size, model, dataset, cfg, out_dir):
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+            model = DDP(model)
+            sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg["seed"])
+            loader = DataLoader(dataset, batch_size=cfg["batch"], sampler=sampler)
+            lr = scaled_lr(cfg["base_lr"], cfg["base_batch"], cfg["batch"], world_size, cfg["accum"])
+            optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+            for epoch in range(cfg["epochs"]):
+                sampler.set_epoch(epoch)
+                for i, (x, y) in enumerate(loader):
+                    loss = F.cross_entropy(model(x), y) / cfg["accum"]
+                    if (i + 1) % cfg["accum"]:
+                        with model.no_sync():
+                            loss.backward()
+                    else:
+                        loss.backward()
+                        optimizer.step()
+                        optimizer.zero_grad()
+            if rank == 0:
+                torch.save(model.module.state_dict(), os.path.join(out_dir, "tmp.pt"))
+                os.replace(os.path.join(out_dir, "tmp.pt"), os.path.join(out_dir, "model.pt"))
+            dist.destroy_process_group()
+            return model.module
+        """, "no_sync"),
+    ("no_sync around every micro-batch, the last one too", _train(context="model.no_sync()"), "identical"),
+    ("LR scaled by the per-device batch only", """
+        def scaled_lr(base_lr, base_batch, per_device_batch, world_size, accum=1):
+            return base_lr * per_device_batch / base_batch
+        """, "linear LR"),
+]
+
+# (what differs, the code appended to the cell)
+RIGHT: list[tuple[str, str]] = [
+    ("env:// rendezvous without arguments, if/else instead of a context expression, summed loss, zero_grad at the "
+     "start of a group, drop_last, NamedTemporaryFile + os.replace", """
+        import tempfile
+
+        def ddp_train(rank, world_size, model, dataset, cfg, out_dir):
+            dist.init_process_group(backend="gloo")  # RANK, WORLD_SIZE, MASTER_*: the launcher's environment
+            ddp = DDP(model)
+            sampler = DistributedSampler(dataset, shuffle=True, seed=cfg["seed"])
+            loader = DataLoader(dataset, batch_size=cfg["batch"], sampler=sampler, drop_last=True)
+            global_batch = effective_batch(cfg["batch"], dist.get_world_size(), cfg["accum"])
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg["base_lr"] * global_batch / cfg["base_batch"])
+            for epoch in range(cfg["epochs"]):
+                sampler.set_epoch(epoch)
+                for i, (x, y) in enumerate(loader):
+                    if i % cfg["accum"] == 0:
+                        optimizer.zero_grad(set_to_none=True)
+                    if (i + 1) % cfg["accum"]:
+                        with ddp.no_sync():  # forward too: DDP decides in forward whether backward syncs
+                            (F.cross_entropy(ddp(x), y, reduction="sum") / (len(y) * cfg["accum"])).backward()
+                    else:
+                        (F.cross_entropy(ddp(x), y, reduction="sum") / (len(y) * cfg["accum"])).backward()
+                        optimizer.step()
+            if dist.get_rank() == 0:
+                with tempfile.NamedTemporaryFile(dir=out_dir, delete=False) as f:
+                    torch.save(model.state_dict(), f.name)
+                os.replace(f.name, os.path.join(out_dir, "model.pt"))
+            dist.destroy_process_group()
+            return model
+        """),
+]
+
+
+@pytest.mark.parametrize("mistake, code, check", WRONG, ids=[w[0] for w in WRONG])
+def test_wrong_variant_fails(mistake: str, code: str, check: str) -> None:
+    results = judge(mistake, code, only=check)
+    assert results, f"no check of exercise 11 is named like {check!r}"
+    failing = {name: r.message for name, r in results.items() if not r.passed}
+    assert any(check in name for name in failing), f"{mistake!r} should fail {check!r}; failing: {failing}"
+
+
+@pytest.mark.parametrize("difference, code", RIGHT, ids=[r[0][:40] for r in RIGHT])
+def test_correct_alternative_passes(difference: str, code: str) -> None:
+    results = judge(difference, code)
+    failing = {name: (r.message, r.hint, r.expected, r.got) for name, r in results.items() if not r.passed}
+    assert not failing, f"{difference!r} is correct but failed: {failing}"
+    assert len(results) == 7
