@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from course_lib.perf.compile import (
-    RecompileCounter, compile_or_eager, demonstrate_recompile, enable_tf32, measure_compile, tf32_status,
+    RecompileCounter,
+    compile_or_eager,
+    demonstrate_recompile,
+    enable_tf32,
+    measure_compile,
+    tf32_status,
     warm_compile,
 )
 

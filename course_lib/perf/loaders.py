@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import psutil
 import torch
