@@ -326,7 +326,7 @@ def compare_loaders(
     shrink = 1.0  # set after the warm-up when three rounds would overrun budget_s
 
     def batches_of(cfg: dict[str, Any]) -> int:
-        full = n_batches if n_batches is not None else max(1, n_samples // cfg["batch_size"])  # type: ignore[operator]
+        full = n_batches if n_batches is not None else max(1, n_samples // cfg["batch_size"])
         return full if shrink == 1.0 else max(min(2, full), round(full * shrink))
 
     device = torch.device(device)
