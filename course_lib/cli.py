@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 # command -> ("module:function", one-line help). Each function takes argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -8,7 +8,7 @@ in that order; ``resolve_amp_dtype`` turns a precision name into the dtype that
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

@@ -19,9 +19,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Sequence
 
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
 

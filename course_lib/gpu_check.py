@@ -36,9 +36,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSED, FAILED, TIMEOUT, SKIPPED = "passed", "FAILED", "timeout", "skipped"
@@ -230,7 +231,7 @@ def _finish(run: _Running, seconds: float, timed_out: bool) -> Row:
                    str(run.log_path))
     try:
         status, detail = run.part.summarise(output, run.proc.returncode)
-    except Exception as exc:  # noqa: BLE001 - a summary that cannot be read is a failed row, not a crash
+    except Exception as exc:  # a summary that cannot be read is a failed row, not a crash
         status, detail = FAILED, f"exit code {run.proc.returncode}; output not understood ({exc})"
     return Row(run.part.title, status, seconds, detail, str(run.log_path))
 
@@ -255,7 +256,7 @@ def run_parts(parts: Sequence[Part], *, log_dir: Path, cwd: Path = ROOT, env: di
                                                                f"{budget_s:.0f} s budget")
                 continue
             log_path = log_dir / f"{part.key}.log"
-            log_file = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in _finish
+            log_file = open(log_path, "w", encoding="utf-8")  # closed in _finish
             try:
                 proc = subprocess.Popen(part.argv, cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)

@@ -42,12 +42,11 @@ import subprocess
 import sys
 import time
 import webbrowser
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import course_lib.lab_auth
-
 from course_lib.labsettings import ensure_widget_state_saved
 
 DEFAULT_PORT = 8888

@@ -22,9 +22,9 @@ import html
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
-
+from typing import Any
 
 from course_lib import mode
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 # Cell metadata worth keeping: tags drive nbval, the exercise builder and the grader.
 KEEP_CELL_METADATA = ("tags",)

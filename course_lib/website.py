@@ -25,12 +25,12 @@ import json
 import os
 import platform
 import re
-import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from course_lib import bootstrap, mode
 

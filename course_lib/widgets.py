@@ -29,7 +29,8 @@ import base64
 import html
 import io
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as widgets
 import torch

@@ -11,7 +11,6 @@ from course_lib.data import pad_collate
 from course_lib.models import GPTConfig, Net, TinyGPT
 from course_lib.train import accumulation_groups, backward_group, loss_and_count, train_accumulated
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import bootstrap, nbclean
 from conftest import REPO
+from course_lib import bootstrap, nbclean
 
 CONFIG = bootstrap.read_config(REPO)
 NOTEBOOKS = [p for folder in bootstrap.NOTEBOOK_FOLDERS for p in sorted((REPO / folder).glob("[0-9][0-9]_*.ipynb"))]
@@ -50,7 +50,8 @@ def _launch_targets(text: str) -> list[tuple[str, str, str]]:
 # --- the cells in the repository ----------------------------------------------------------------------------------
 def test_cells_and_links_are_current():
     stale = bootstrap.write_cells(REPO, check_only=True)
-    assert not stale, f"stale set-up cells or launch links in {stale}: run `python -m course_lib.bootstrap --write-cells`"
+    assert not stale, (f"stale set-up cells or launch links in {stale}: "
+                       "run `python -m course_lib.bootstrap --write-cells`")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -159,7 +160,8 @@ def fresh(tmp_path_factory):
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site_packages = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site_packages = Path(subprocess.run([str(python), "-c", purelib],
                                         capture_output=True, text=True, check=True).stdout.strip())
     borrowed = _course_free_copy_of_site_packages(root / "borrowed")
     # addsitedir (not a bare path line) so the borrowed folder's own .pth files are processed too.

@@ -18,8 +18,9 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -109,7 +110,7 @@ def page(browser_context, lab_server):
             const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
             if (panel && panel.sessionContext) { await panel.sessionContext.shutdown(); }
         }""")
-    except Exception:  # noqa: BLE001 -- a crashed page has no kernel to stop; the server stops them all anyway
+    except Exception:  # a crashed page has no kernel to stop; the server stops them all anyway
         pass
     page.close()
 

@@ -21,7 +21,6 @@ from course_lib.train import (
 )
 from course_lib.train import checkpoint as checkpoint_module
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -124,7 +124,7 @@ def _attempt(out: Path, kill_at: int | None, marker: Path, events_file: Path | N
         train(model, train_loader, val_loader, cfg, resume=(out / "ckpt.pt").exists())
         if events_file is not None:
             events_file.write_text(json.dumps(events))
-    except BaseException:  # noqa: BLE001 - report and exit: a child must never return into the driver
+    except BaseException:  # report and exit: a child must never return into the driver
         import traceback
 
         traceback.print_exc()

@@ -17,11 +17,33 @@ import pytest
 import torch
 
 from course_lib import gpu_check
-from course_lib.gpu_check import (FAILED, PASSED, SKIPPED, TIMEOUT, Part, Row, format_table, run_parts, slug,
-                                  summarise_bench, summarise_command, summarise_grading, summarise_pytest)
+from course_lib.gpu_check import (
+    FAILED,
+    PASSED,
+    SKIPPED,
+    TIMEOUT,
+    Part,
+    Row,
+    format_table,
+    run_parts,
+    slug,
+    summarise_bench,
+    summarise_command,
+    summarise_grading,
+    summarise_pytest,
+)
 from course_lib.perf import mfu as mfu_mod
-from course_lib.perf.mfu import (GPT2_SMALL, Contender, GPTBenchConfig, batch_for_memory, gpt_flops_per_token, mfu,
-                                 non_embedding_params, peak_flops, run_gpt_bench)
+from course_lib.perf.mfu import (
+    GPT2_SMALL,
+    Contender,
+    GPTBenchConfig,
+    batch_for_memory,
+    gpt_flops_per_token,
+    mfu,
+    non_embedding_params,
+    peak_flops,
+    run_gpt_bench,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

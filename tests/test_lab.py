@@ -123,7 +123,7 @@ def _serve_status(status: int):
     import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the http.server API
+        def do_GET(self):  # the name the http.server API calls
             self.send_response(status)
             if 300 <= status < 400:
                 self.send_header("Location", "/login")

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 
 from course_lib.models import Block, GPTConfig, Net, SmallCNN, TinyGPT, build_model
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -36,7 +35,8 @@ def test_net_registers_its_blocks() -> None:
         ("cnn", {"num_classes": 10, "width": 4}, torch.randn(3, 3, 32, 32), (3, 10)),
         ("cnn", {"num_classes": 5, "width": 4}, torch.randn(2, 3, 20, 20), (2, 5)),
         ("net", {"num_classes": 10, "image_size": 8, "d": 16}, torch.randn(3, 3, 8, 8), (3, 10)),
-        ("gpt", {"vocab_size": 11, "block_size": 16, "n_embd": 16, "n_head": 2}, torch.randint(0, 11, (2, 9)), (2, 9, 11)),
+        ("gpt", {"vocab_size": 11, "block_size": 16, "n_embd": 16, "n_head": 2},
+         torch.randint(0, 11, (2, 9)), (2, 9, 11)),
     ],
 )
 def test_build_model_output_shapes(name: str, kwargs: dict, x: torch.Tensor, shape: tuple) -> None:

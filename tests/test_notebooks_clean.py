@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from course_lib import nbclean
 from conftest import REPO
+from course_lib import nbclean
 
 NOTEBOOKS = nbclean.notebooks([REPO / d for d in ("notebooks", "exercises", "solutions") if (REPO / d).exists()])
 

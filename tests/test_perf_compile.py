@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from course_lib.perf.compile import (
-    RecompileCounter, compile_or_eager, demonstrate_recompile, enable_tf32, measure_compile, tf32_status,
+    RecompileCounter,
+    compile_or_eager,
+    demonstrate_recompile,
+    enable_tf32,
+    measure_compile,
+    tf32_status,
     warm_compile,
 )
 
@@ -50,13 +55,13 @@ def test_torch_compile_takes_the_mode_by_keyword_only() -> None:
     # Everything after the model is keyword-only (since torch.compile appeared in 2.0): a positional mode is a
     # TypeError, not a value that lands in another parameter.
     with pytest.raises(TypeError, match="positional"):
-        TORCH_COMPILE(torch.nn.Linear(2, 2), "max-autotune")  # type: ignore[misc]
+        TORCH_COMPILE(torch.nn.Linear(2, 2), "max-autotune")  # type: ignore[call-overload]
     assert callable(TORCH_COMPILE(torch.nn.Linear(2, 2), mode="max-autotune"))
 
 
 def test_mode_is_keyword_only_and_checked() -> None:
     with pytest.raises(TypeError):
-        compile_or_eager(torch.nn.Linear(2, 2), "max-autotune")  # type: ignore[misc]
+        compile_or_eager(torch.nn.Linear(2, 2), "max-autotune")  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="mode"):
         compile_or_eager(torch.nn.Linear(2, 2), mode="fastest")
 

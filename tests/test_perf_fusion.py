@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from course_lib.perf.fusion import (
-    PointwiseChain, break_even_calls, clipped_gelu_residual, clipped_gelu_residual_fixed, compile_and_capture,
-    eager_ops, graph_report, kernel_names, kernel_sources,
+    PointwiseChain,
+    break_even_calls,
+    clipped_gelu_residual,
+    clipped_gelu_residual_fixed,
+    compile_and_capture,
+    eager_ops,
+    graph_report,
+    kernel_names,
+    kernel_sources,
 )
 
 # The shape of a module Inductor generates on a CPU (abridged): each kernel is bound to a name, its C++ in r'''.

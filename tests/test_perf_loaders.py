@@ -9,8 +9,7 @@ import torch
 
 from course_lib.data import LoaderConfigError
 from course_lib.perf import timing
-from course_lib.perf.loaders import (compare_loaders, experiment_order, loader_sweep, measure_loader,
-                                     recommend_workers)
+from course_lib.perf.loaders import compare_loaders, experiment_order, loader_sweep, measure_loader, recommend_workers
 from course_lib.perf.synthetic import SyntheticImages
 
 

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from course_lib.perf.memory import (
-    PeakMemory, count_parameters, host_rss_mb, peak_memory, stored_bytes, training_memory_estimate,
+    PeakMemory,
+    count_parameters,
+    host_rss_mb,
+    peak_memory,
+    stored_bytes,
+    training_memory_estimate,
 )
 
 

@@ -7,7 +7,11 @@ import torch
 
 from course_lib.perf.compare import compare
 from course_lib.perf.precision import (
-    compare_precisions, format_rows, grad_scaler_demo, precision_steps, saved_activation_bytes,
+    compare_precisions,
+    format_rows,
+    grad_scaler_demo,
+    precision_steps,
+    saved_activation_bytes,
 )
 
 

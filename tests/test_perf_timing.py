@@ -81,7 +81,7 @@ def test_cuda_timing_uses_events_and_synchronises(monkeypatch: pytest.MonkeyPatc
         def record(self) -> None:
             pass
 
-        def elapsed_time(self, other: "FakeEvent") -> float:
+        def elapsed_time(self, other: FakeEvent) -> float:
             return 2.5
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))

@@ -22,10 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
 
-from course_lib.data import make_loader
-from course_lib.models import Net
 from course_lib.train import (
     CheckpointError,
     NonFiniteError,

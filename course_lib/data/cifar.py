@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+
 from PIL import Image
 from torchvision.datasets import CIFAR10
 from torchvision.datasets.utils import extract_archive
@@ -85,7 +86,7 @@ def ensure_cifar10(root: str | Path | None = None, *, download: bool | None = No
     try:
         root.mkdir(parents=True, exist_ok=True)
         CIFAR10(str(root), train=True, download=True)
-    except Exception as error:  # noqa: BLE001 - any failure means "not available"; the cause is chained
+    except Exception as error:  # any failure means "not available"; the cause is chained
         raise DatasetUnavailable(_how_to_provide(root, f"the download failed ({error!r}).")) from error
     finally:
         socket.setdefaulttimeout(previous)

@@ -8,9 +8,10 @@ sees exactly the same pixels. A dataset only says how to read one raw image (``l
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image

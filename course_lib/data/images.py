@@ -9,8 +9,8 @@ Keys and augmentation: :mod:`course_lib.data.imagedata`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from PIL import Image

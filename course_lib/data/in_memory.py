@@ -13,9 +13,9 @@ which still prepares every batch on the host.)
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -75,7 +75,7 @@ def load_image_tensors(name: str = "shapes", *, root: str | Path | None = None, 
         try:
             saved = torch.load(cache, weights_only=True)
             return ImageTensors(**{**saved, "mean": tuple(saved["mean"]), "std": tuple(saved["std"])})
-        except Exception:  # noqa: BLE001 - a truncated or stale cache is simply rebuilt
+        except Exception:  # a truncated or stale cache is simply rebuilt
             cache.unlink(missing_ok=True)
     train_images, train_labels = to_uint8_tensors(data.train, size=data.image_size, progress=progress)
     val_images, val_labels = to_uint8_tensors(data.val, size=data.image_size, progress=progress)

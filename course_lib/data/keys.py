@@ -12,7 +12,8 @@ key, whichever process evaluates it, and the caller's global RNG is left exactly
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 

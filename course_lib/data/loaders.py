@@ -32,7 +32,8 @@ from __future__ import annotations
 import functools
 import random
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch

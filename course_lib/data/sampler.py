@@ -22,7 +22,8 @@ every sample is evaluated exactly once.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler

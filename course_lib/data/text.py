@@ -12,9 +12,10 @@ by one (each position predicts the next character) and padded with ``-100``, the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset

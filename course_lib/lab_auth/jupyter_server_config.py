@@ -3,7 +3,7 @@
 import os
 
 try:
-    c = get_config()  # noqa: F821 - provided by Jupyter's config loader
+    c = get_config()  # provided by Jupyter's config loader
 except NameError:  # imported as a module, not loaded as a config file: nothing to configure
     c = None
 

@@ -34,8 +34,9 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ def compile_blocker(device: torch.device | str = "cpu", backend: str = "inductor
         if not is_dynamo_supported():
             return (f"TorchDynamo does not support this platform/Python ({sys.platform}, "
                     f"Python {sys.version.split()[0]}).")
-    except Exception as exc:  # noqa: BLE001 - any failure here means compile is unusable
+    except Exception as exc:  # any failure here means compile is unusable
         return f"TorchDynamo could not be imported: {exc}"
     if backend != "inductor":
         return None
@@ -118,7 +119,7 @@ def warm_compile(model: torch.nn.Module, example: Any) -> tuple[torch.nn.Module,
     try:
         with torch.no_grad():
             model(*example) if isinstance(example, tuple) else model(example)
-    except Exception as exc:  # noqa: BLE001 - compile errors come in many types (BackendCompilerFailed, OSError...)
+    except Exception as exc:  # compile errors come in many types (BackendCompilerFailed, OSError...)
         reason = f"compilation failed at the first call: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         print(f"torch.compile fell back to eager: {reason}")
         return _eager_of(model), reason, time.perf_counter() - t0
@@ -175,7 +176,7 @@ def measure_compile(
     eager_first = timed(eager, opt_e)
     try:
         cold = timed(compiled, opt_c)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         reason = f"compilation failed at the first step: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         print(f"torch.compile fell back to eager: {reason}")
         compiled = twin

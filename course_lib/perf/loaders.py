@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import psutil
 import torch
@@ -325,7 +326,7 @@ def compare_loaders(
     shrink = 1.0  # set after the warm-up when three rounds would overrun budget_s
 
     def batches_of(cfg: dict[str, Any]) -> int:
-        full = n_batches if n_batches is not None else max(1, n_samples // cfg["batch_size"])  # type: ignore[operator]
+        full = n_batches if n_batches is not None else max(1, n_samples // cfg["batch_size"])
         return full if shrink == 1.0 else max(min(2, full), round(full * shrink))
 
     device = torch.device(device)

@@ -35,8 +35,9 @@ import copy
 import re
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -261,7 +262,7 @@ def _warm_up(cfg: GPTBenchConfig, gpt_cfg: GPTConfig, base: TinyGPT, device: tor
             runner = _Runner(contender, base, device, cfg.compile_backend, (x, y))
             with Timer(device) as t:
                 runner.steps(max(1, cfg.warmup_steps))
-        except Exception as exc:  # noqa: BLE001 - compile errors come in many types; one contender must not sink all
+        except Exception as exc:  # compile errors come in many types; one contender must not sink all
             if _is_oom(exc):
                 raise
             failed[contender.name] = _error_text(exc)
@@ -294,7 +295,7 @@ def run_gpt_bench(cfg: GPTBenchConfig, device: torch.device | str, *, peak_tflop
         try:
             runners, warm_s, failed = _warm_up(cfg, gpt_cfg, base, device, batch, log)
             break
-        except Exception as exc:  # noqa: BLE001 - anything but out-of-memory is re-raised
+        except Exception as exc:  # anything but out-of-memory is re-raised
             if batch == 1 or not _is_oom(exc):
                 raise
             reason = _error_text(exc)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -36,7 +37,8 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def amp_dtype_of(name: str, device: torch.device | str) -> torch.dtype | None:
-    """``"fp32"`` -> ``None``, ``"bf16"`` -> ``torch.bfloat16``, ``"fp16"`` -> ``torch.float16``, checked for ``device``.
+    """``"fp32"`` -> ``None``, ``"bf16"`` -> ``torch.bfloat16``, ``"fp16"`` -> ``torch.float16``, checked for
+    ``device``.
 
     :func:`course_lib.device.resolve_amp_dtype` without ``"auto"``: a comparison names what it measures.
     """

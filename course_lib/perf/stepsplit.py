@@ -16,8 +16,9 @@ speed you will train at. :meth:`Split.verdict` turns the fractions into the next
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 

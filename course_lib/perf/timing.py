@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -95,7 +96,7 @@ class Timer:
         self.start: float = 0.0
         self.elapsed: float = float("nan")
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         synchronize(self.device)
         self.start = _clock()
         return self

@@ -22,8 +22,8 @@ from course_lib.train.checkpoint import CheckpointError, load_checkpoint, read_c
 from course_lib.train.config import ConfigError, TrainConfig
 from course_lib.train.evaluate import evaluate
 from course_lib.train.guard import NonFiniteError
-from course_lib.train.loss import IGNORE_INDEX, mean_cross_entropy, summed_cross_entropy
 from course_lib.train.loop import seed_everything, train
+from course_lib.train.loss import IGNORE_INDEX, mean_cross_entropy, summed_cross_entropy
 from course_lib.train.optim import build_optimizer, param_groups
 from course_lib.train.rundir import RunFolderError
 from course_lib.train.schedule import lr_at

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, Iterable, Iterator, Sequence, TypeVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import nn

@@ -27,8 +27,9 @@ import random
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Sequence
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -230,7 +231,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"checkpoint {path} is missing {missing}; it was not written by save_checkpoint.")
     if payload["format"] != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has format {payload['format']!r}; this code reads format {FORMAT_VERSION}.")
+        raise CheckpointError(
+            f"checkpoint {path} has format {payload['format']!r}; this code reads format {FORMAT_VERSION}.")
     if not isinstance(payload["step"], int) or payload["step"] < 0:
         raise CheckpointError(f"checkpoint {path} has an invalid step {payload['step']!r}.")
     return payload
@@ -304,8 +306,8 @@ def load_checkpoint(
     if saved_mode is not None and saved_mode != mode.mode():
         raise CheckpointError(
             f"checkpoint {path} was written with COURSE_MODE={saved_mode}, but this process runs with "
-            f"COURSE_MODE={mode.mode()} (model sizes and data depend on the mode). Resume with COURSE_MODE={saved_mode}, "
-            f"or start a new run in another --out."
+            f"COURSE_MODE={mode.mode()} (model sizes and data depend on the mode). "
+            f"Resume with COURSE_MODE={saved_mode}, or start a new run in another --out."
         )
     check_compatible(payload["config"], config, path, step=payload["step"])
     if model is not None:
@@ -322,7 +324,8 @@ def load_checkpoint(
         if len(saved_groups) != len(optimizer.param_groups) or any(
             len(s["params"]) != len(g["params"]) for s, g in zip(saved_groups, optimizer.param_groups)
         ):
-            raise CheckpointError(f"checkpoint {path}: the optimizer state has different parameter groups than this optimizer.")
+            raise CheckpointError(
+                f"checkpoint {path}: the optimizer state has different parameter groups than this optimizer.")
     # 2. ...then apply.
     if model is not None:
         unwrap(model).load_state_dict(payload["model"])

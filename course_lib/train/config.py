@@ -86,7 +86,7 @@ class TrainConfig:
         self.validate()
 
     # ------------------------------------------------------------------ checks
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Check every field; raise :class:`ConfigError` naming the first bad one. Returns ``self``."""
         _check_number("lr", self.lr, low=0.0, low_open=True)
         _check_number("wd", self.wd, low=0.0)
@@ -146,7 +146,7 @@ class TrainConfig:
         """The device ``device`` resolves to on this machine."""
         return pick_device(self.device)
 
-    def resolved(self, device: torch.device | str | None = None) -> "TrainConfig":
+    def resolved(self, device: torch.device | str | None = None) -> TrainConfig:
         """A copy with ``device`` and ``amp_dtype`` replaced by what they mean here (``"auto"`` -> ``"cpu"``...)."""
         dev = torch.device(device) if device is not None else self.torch_device()
         return dataclasses.replace(self, device=str(dev), amp_dtype=AMP_NAMES[resolve_amp_dtype(self.amp_dtype, dev)])
@@ -156,7 +156,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         """Rebuild a config from :meth:`to_dict` output; unknown keys are a :class:`ConfigError`."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)

@@ -12,7 +12,7 @@ of training changes neither the model's mode nor the random numbers training dra
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn

@@ -22,7 +22,8 @@ the scaler is enabled. The loss itself is computed in fp32 and stays a real dive
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 

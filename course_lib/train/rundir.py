@@ -242,7 +242,7 @@ def release_run_folder(claim: RunFolder, *, failed: bool = False) -> None:
         claim.release(failed=failed)
 
 
-class run_folder:  # noqa: N801 - used as a context manager, like open()
+class run_folder:  # lower case: used as a context manager, like open()
     """``with run_folder(out, ckpt, resume=..., overwrite=...) as claim:`` claims and always releases."""
 
     def __init__(self, folder: str | Path, checkpoint: str | Path | None = None, *, resume: bool = False,

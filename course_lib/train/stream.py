@@ -14,7 +14,8 @@ once and restarts the epoch instead.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
