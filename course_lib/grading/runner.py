@@ -54,6 +54,8 @@ class NotebookGrade:
     status: str = GRADED
     uses_reference: list[str] = field(default_factory=list)  # course_lib functions the exercise code uses
     output_tail: str = ""
+    seed: int = 0  # the inputs' seed of this grading run
+    observations: list[list[dict[str, Any]] | None] = field(default_factory=list)  # per check, as loaded
 
     @property
     def earned(self) -> int:
@@ -207,9 +209,10 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
             missing = f"the grading process ended before this check was observed (exit code {returncode})"
             hint = "does your code call os._exit or sys.exit, kill its own process, use too much memory or print " \
                    "too much?" + (f" last output: {tail}" if tail else "")
-        results = []
+        results, observations = [], []
         for index, check in enumerate(checks):
             records = _load_observations(out_dir, index, limits.file_mb << 20)
+            observations.append(records)
             if records is None:
                 results.append(_failed(check, missing, hint))
                 if returncode is not None:
@@ -220,7 +223,7 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
         for result in results:  # name the learner's file, not the temporary copy
             result.message = result.message.replace(str(workdir / "scratch" / Path(path).name), str(path))
             result.message = result.message.replace(f"{sandbox.SCRATCH}/{Path(path).name}", str(path))
-        return NotebookGrade(number, results, status, uses, tail)
+        return NotebookGrade(number, results, status, uses, tail, seed, observations)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 
 # ------------------------------------------------------------------ loader_config
 
 
-_MACHINES = [(cores, device_type) for cores in (1, 2, 3, 16) for device_type in ("cpu", "cuda", "mps")]
+def _machines(seed: int) -> list[tuple[int, str]]:
+    """One core, two, and two larger counts that differ in every grading run, with each device, shuffled."""
+    counts = (1, 2, 3 + seed % 6, 9 + seed % 40)
+    machines = [(cores, device_type) for cores in counts for device_type in ("cpu", "cuda", "mps")]
+    random.Random(seed).shuffle(machines)  # the answers come back in this run's order
+    return machines
 
 
-def _loader_configs(ns: dict[str, Any]) -> list[Any]:
+def _loader_configs(ns: dict[str, Any], machines: list[tuple[int, str]]) -> list[Any]:
     loader_config = need(ns, "loader_config", "define `loader_config(cores, device_type)` in the exercise cell")
     configs = []
-    for cores, device_type in _MACHINES:
+    for cores, device_type in machines:
         cfg = call(loader_config, cores, device_type)
         data_like = isinstance(cfg, dict) and all(v is None or isinstance(v, (bool, int, float, str))
                                                   for v in cfg.values())
@@ -29,7 +35,8 @@ def _loader_configs(ns: dict[str, Any]) -> list[Any]:
 
 @check_for("02", "loader settings legal on any machine")
 def loader_settings(ns: dict[str, Any]) -> None:
-    for (cores, device_type), cfg in zip(_MACHINES, observe(ns, _loader_configs)):
+    machines = _machines(run_seed(ns))
+    for (cores, device_type), cfg in zip(machines, observe(ns, _loader_configs, machines)):
         where = f"loader_config({cores}, {device_type!r})"
         if not isinstance(cfg, dict):
             raise CheckFailed(f"{where} should return a dict", got=cfg)
@@ -89,11 +96,17 @@ class _CountingLoader:
         return len(self.sizes)
 
 
-def _rates(ns: dict[str, Any]) -> dict[str, Any]:
+def _rate_inputs(seed: int) -> tuple[list[int], float]:
+    """Batch sizes (the third one short) and seconds per batch, different in every grading run."""
+    full = 4 + seed % 5
+    return [full, full, full - 1 - seed % 3, full, full, full], 0.25 * (1 + seed % 4)
+
+
+def _rates(ns: dict[str, Any], sizes: list[int], seconds: float) -> dict[str, Any]:
     fn = need(ns, "samples_per_second",
               "define `samples_per_second(loader, n_batches, clock=time.perf_counter)` in the exercise cell")
     clock = _FakeClock()
-    loader = _CountingLoader([6, 6, 5, 6, 6, 6], clock)
+    loader = _CountingLoader(sizes, clock, seconds)
     got = call(fn, loader, 3, clock=clock)
     short = _CountingLoader([4, 4], _FakeClock())
     try:
@@ -109,20 +122,22 @@ def _rates(ns: dict[str, Any]) -> dict[str, Any]:
 
 @check_for("02", "samples/s counts samples over the measured batches")
 def samples_rate(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _rates)
+    sizes, seconds = _rate_inputs(run_seed(ns))
+    seen = observe(ns, _rates, sizes, seconds)
     got = seen["got"]
-    expected = (6 + 6 + 5) / (3 * 0.5)
+    expected = sum(sizes[:3]) / (3 * seconds)
     if seen["produced"] > 3:
         raise CheckFailed("stop after n_batches: the loader was read further than asked",
                           hint="break out of the loop once n_batches batches have arrived",
                           expected="3 batches read", got=f"{seen['produced']} batches read")
     if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=1e-6):
         hint = "count the samples in each batch (len(x)), not the tensors in the (x, y) tuple"
-        if isinstance(got, (int, float)) and math.isclose(got, 3 * 2 / 1.5, rel_tol=1e-6):
+        if isinstance(got, (int, float)) and math.isclose(got, 3 * 2 / (3 * seconds), rel_tol=1e-6):
             hint = "len(batch) is 2 for an (x, y) tuple: count len(x) instead"
-        elif isinstance(got, (int, float)) and math.isclose(got, 3 * 6 / 1.5, rel_tol=1e-6):
+        elif isinstance(got, (int, float)) and math.isclose(got, 3 * sizes[0] / (3 * seconds), rel_tol=1e-6):
             hint = "the third batch is smaller: add up the real batch sizes instead of n_batches * batch_size"
-        raise CheckFailed("samples per second is off for batches of 6, 6 and 5 arriving every 0.5 s",
+        raise CheckFailed(f"samples per second is off for batches of {sizes[0]}, {sizes[1]} and {sizes[2]} arriving "
+                          f"every {seconds} s",
                           hint=hint, expected=expected, got=got)
     if seen["too_few"] != "ValueError":
         raise CheckFailed("a loader with fewer batches than n_batches should raise ValueError",
@@ -133,7 +148,7 @@ def samples_rate(ns: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ profile_steps
 
 
-def _profiled(ns: dict[str, Any]) -> dict[str, Any]:
+def _profiled(ns: dict[str, Any], warmup: int, active: int) -> dict[str, Any]:
     fn = need(ns, "profile_steps", "define `profile_steps(step_fn, warmup=1, active=3)` in the exercise cell")
     calls = []
     g = torch.Generator().manual_seed(0)
@@ -143,7 +158,7 @@ def _profiled(ns: dict[str, Any]) -> dict[str, Any]:
         calls.append(1)
         torch.mm(a, b)
 
-    prof = call(fn, step, warmup=2, active=4)
+    prof = call(fn, step, warmup=warmup, active=active)
     if prof is None or not hasattr(prof, "key_averages"):
         return {"calls": len(calls), "returned": type(prof).__name__, "mm": None}
     return {"calls": len(calls), "returned": "profile",
@@ -152,20 +167,21 @@ def _profiled(ns: dict[str, Any]) -> dict[str, Any]:
 
 @check_for("02", "profiler records only the active steps")
 def profiler_schedule(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _profiled)
-    if seen["calls"] != 6:
-        raise CheckFailed("run the step warmup + active times", expected=6, got=seen["calls"])
+    warmup, active = 1 + run_seed(ns) % 3, 2 + run_seed(ns) // 3 % 4  # different in every grading run
+    seen = observe(ns, _profiled, warmup, active)
+    if seen["calls"] != warmup + active:
+        raise CheckFailed("run the step warmup + active times", expected=warmup + active, got=seen["calls"])
     if seen["returned"] != "profile":
         raise CheckFailed("return the torch.profiler.profile object", got=seen["returned"])
-    if seen["mm"] != 4:
+    if seen["mm"] != active:
         raise CheckFailed(
-            "the profile should hold the 4 active steps only (warm-up steps are not recorded)",
+            f"the profile should hold the {active} active steps only (warm-up steps are not recorded)",
             hint="schedule=torch.profiler.schedule(wait=0, warmup=warmup, active=active, repeat=1) and prof.step() "
                  "after every step; without repeat=1 the schedule starts a new cycle after the last step and the "
                  "recorded events are gone" if seen["mm"] == 0 else
                  "record only the active steps: pass schedule=torch.profiler.schedule(wait=0, warmup=warmup, "
                  "active=active, repeat=1) and call prof.step() after every step",
-            expected="aten::mm x 4", got=f"aten::mm x {seen['mm']}")
+            expected=f"aten::mm x {active}", got=f"aten::mm x {seen['mm']}")
 
 
 # ------------------------------------------------------------------ top_ops
@@ -201,9 +217,20 @@ _EVENTS = [
 ]
 
 
-def _tops(ns: dict[str, Any]) -> dict[str, Any]:
+def _events(seed: int) -> list[_Event]:
+    """The events above with self times (and totals) scaled per op, differently in every grading run."""
+    draw = random.Random(seed)
+    leaves = [e for e in _EVENTS if e.key not in ("step", "aten::linear")]
+    scales = {e.key: draw.uniform(0.5, 1.5) for e in leaves}
+    scaled = [_Event(e.key, round(e.self_cpu_time_total * scales[e.key], 1),
+                     round(e.cpu_time_total * scales[e.key], 1)) for e in leaves]
+    draw.shuffle(scaled)
+    return [_EVENTS[0], _EVENTS[1], *scaled]
+
+
+def _tops(ns: dict[str, Any], events: list[_Event], k: int) -> dict[str, Any]:
     fn = need(ns, "top_ops", "define `top_ops(prof, k=5)` in the exercise cell")
-    got = call(fn, _FakeProfile(_EVENTS), k=3)
+    got = call(fn, _FakeProfile(events), k=k)
     if isinstance(got, (list, tuple)) and all(isinstance(i, (list, tuple)) and len(i) == 2 for i in got):
         return [[one_line(name) if not isinstance(name, str) else name,
                  float(ms) if isinstance(ms, (int, float)) else one_line(ms)] for name, ms in got]
@@ -212,9 +239,9 @@ def _tops(ns: dict[str, Any]) -> dict[str, Any]:
 
 @check_for("02", "top operations by self time, in ms")
 def top_operations(ns: dict[str, Any]) -> None:
-    fake = _FakeProfile(_EVENTS)
-    expected = _reference_top(fake, 3)
-    got = observe(ns, _tops)
+    events, k = _events(run_seed(ns)), 3 + run_seed(ns) % 2
+    expected = _reference_top(_FakeProfile(events), k)
+    got = observe(ns, _tops, events, k)
     got_list = [tuple(item) for item in got] if isinstance(got, (list, tuple)) else got
     names = [n for n, _ in got_list] if isinstance(got_list, list) and all(len(i) == 2 for i in got_list) else None
     if names is None:
@@ -240,9 +267,21 @@ _CASES = [((3.0, 1.0), "input-bound"), ((0.2, 2.5), "compute-bound"), ((1.5, 1.5
 _INVALID = ((-1.0, 1.0), (1.0, -0.5), (0.0, 0.0))
 
 
-def _verdicts(ns: dict[str, Any]) -> dict[str, Any]:
+def _cases(seed: int) -> list[tuple[tuple[float, float], str]]:
+    """The cases above scaled by a factor, plus six drawn at random, shuffled: different in every grading run."""
+    draw = random.Random(seed)
+    scale = 0.5 + (seed % 50) / 10
+    cases = [((data * scale, compute * scale), answer) for (data, compute), answer in _CASES]
+    for _ in range(6):
+        data, compute = round(draw.uniform(0.01, 5.0), 3), round(draw.uniform(0.01, 5.0), 3)
+        cases.append(((data, compute), "input-bound" if data >= compute else "compute-bound"))
+    draw.shuffle(cases)
+    return cases
+
+
+def _verdicts(ns: dict[str, Any], cases: list[tuple[tuple[float, float], str]]) -> dict[str, Any]:
     fn = need(ns, "verdict", "define `verdict(data_s, compute_s)` in the exercise cell")
-    answers = [one_line(call(fn, *args)) for args, _ in _CASES]
+    answers = [one_line(call(fn, *args)) for args, _ in cases]
     rejected = []
     for bad in _INVALID:
         try:
@@ -257,8 +296,9 @@ def _verdicts(ns: dict[str, Any]) -> dict[str, Any]:
 
 @check_for("02", "verdict from the measured split")
 def verdict_rule(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _verdicts)
-    for (args, expected), got in zip(_CASES, seen["answers"]):
+    cases = _cases(run_seed(ns))
+    seen = observe(ns, _verdicts, cases)
+    for (args, expected), got in zip(cases, seen["answers"]):
         if got != repr(expected):
             raise CheckFailed(f"verdict(data_s={args[0]}, compute_s={args[1]}) is wrong",
                               hint="input-bound when the step waits for data at least as long as it computes",

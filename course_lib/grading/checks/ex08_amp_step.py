@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 
 SCALE = 4096.0
 MAX_NORM = 0.05  # small, so clipping is active and its placement matters
@@ -27,9 +28,9 @@ MAX_NORM = 0.05  # small, so clipping is active and its placement matters
 class _Probe(nn.Module):
     """A small classifier that records the autocast state of each forward call."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int) -> None:
         super().__init__()
-        torch.manual_seed(2)
+        torch.manual_seed(2 + seed)  # weights and batch differ in every grading run
         self.net = nn.Sequential(nn.Linear(7, 16), nn.ReLU(), nn.Linear(16, 4))
         self.autocast: list[tuple[bool, torch.dtype]] = []
 
@@ -38,8 +39,8 @@ class _Probe(nn.Module):
         return self.net(x)
 
 
-def _batch() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(4)
+def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(4 + seed)
     return torch.randn(10, 7, generator=g), torch.randint(0, 4, (10,), generator=g)
 
 
@@ -53,14 +54,15 @@ def _reference_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) 
     return model, norm
 
 
-def _run(ns: dict[str, Any], amp_dtype: str | None, scaler_kwargs: dict[str, Any], big_input: bool = False) -> dict[str, Any]:
+def _run(ns: dict[str, Any], seed: int, amp_dtype: str | None, scaler_kwargs: dict[str, Any],
+         big_input: bool = False) -> dict[str, Any]:
     """One learner step on a fresh probe model: what it returned, the weights, autocast states, the scale after."""
     step = need(ns, "amp_step", "define `amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm)`")
     scaler = torch.amp.GradScaler("cpu", **scaler_kwargs)
-    model = _Probe()
+    model = _Probe(seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     dtype = getattr(torch, amp_dtype) if amp_dtype else None
-    x, y = _batch()
+    x, y = _batch(seed)
     result = call(step, model, (x * 1e30 if big_input else x, y), opt, scaler, torch.device("cpu"), dtype, MAX_NORM)
     if isinstance(result, dict) and {"loss", "grad_norm"} <= set(result):
         shown: Any = {k: float(result[k]) if isinstance(result[k], (int, float, torch.Tensor)) else one_line(result[k])
@@ -83,10 +85,19 @@ def _max_diff(a: Any, b: nn.Module) -> float:
     return max((p - q).abs().max().item() for p, q in zip(params, b.parameters()))
 
 
-def _scalers(ns: dict[str, Any]) -> list[dict[str, Any]]:
+def _scaler_dtypes(seed: int) -> list[torch.dtype | None]:
+    """Each precision once, then five more drawn at random: the sequence differs in every grading run."""
+    draw = random.Random(seed)
+    choices: list[torch.dtype | None] = [torch.float16, torch.bfloat16, None]
+    dtypes = choices + [draw.choice(choices) for _ in range(5)]
+    draw.shuffle(dtypes)
+    return dtypes
+
+
+def _scalers(ns: dict[str, Any], dtypes: list[torch.dtype | None]) -> list[dict[str, Any]]:
     make = need(ns, "make_scaler", "define `make_scaler(device, amp_dtype)` returning a torch.amp.GradScaler")
     out = []
-    for dtype in (torch.float16, torch.bfloat16, None):
+    for dtype in dtypes:
         scaler = call(make, torch.device("cpu"), dtype)
         kind = f"{type(scaler).__module__}.{type(scaler).__qualname__}"
         out.append({"type": kind, "is_grad_scaler": isinstance(scaler, torch.amp.GradScaler),
@@ -96,8 +107,9 @@ def _scalers(ns: dict[str, Any]) -> list[dict[str, Any]]:
 
 @check_for("08", "scaler enabled only for fp16", points=1)
 def scaler_choice(ns: dict[str, Any]) -> None:
-    for (dtype, want), seen in zip(((torch.float16, True), (torch.bfloat16, False), (None, False)),
-                                   observe(ns, _scalers)):
+    dtypes = _scaler_dtypes(run_seed(ns))
+    for dtype, seen in zip(dtypes, observe(ns, _scalers, dtypes)):
+        want = dtype == torch.float16
         if seen["type"].startswith("torch.cuda.amp"):
             raise CheckFailed(
                 f"make_scaler built {seen['type']}, the outdated CUDA-only spelling: on a machine without a CUDA GPU "
@@ -118,8 +130,9 @@ def scaler_choice(ns: dict[str, Any]) -> None:
 
 @check_for("08", "grad norm measured after unscale_", points=2)
 def norm_after_unscale(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _run, None, {"init_scale": SCALE, "growth_interval": 1})
-    _, norm = _reference_step(_Probe(), _batch())
+    seed = run_seed(ns)
+    seen = observe(ns, _run, seed, None, {"init_scale": SCALE, "growth_interval": 1})
+    _, norm = _reference_step(_Probe(seed), _batch(seed))
     got = _result(seen)["grad_norm"]
     if not math.isclose(got, norm, rel_tol=1e-4):
         hint = (
@@ -132,7 +145,7 @@ def norm_after_unscale(ns: dict[str, Any]) -> None:
             "grad_norm is not the norm of the true (unscaled) gradients", hint=hint, expected=norm, got=got
         )
     with torch.no_grad():
-        loss = float(F.cross_entropy(_Probe()(_batch()[0]), _batch()[1]))
+        loss = float(F.cross_entropy(_Probe(seed)(_batch(seed)[0]), _batch(seed)[1]))
     if not math.isclose(_result(seen)["loss"], loss, rel_tol=1e-4):
         raise CheckFailed("the returned loss should be the (unscaled) loss of this batch",
                           hint="return loss.item(), not the scaled loss", expected=loss, got=_result(seen)["loss"])
@@ -140,11 +153,12 @@ def norm_after_unscale(ns: dict[str, Any]) -> None:
 
 @check_for("08", "clip, step, update in order", points=2)
 def params_updated(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _run, None, {"init_scale": SCALE, "growth_interval": 1})
-    truth, _ = _reference_step(_Probe(), _batch())
+    seed = run_seed(ns)
+    seen = observe(ns, _run, seed, None, {"init_scale": SCALE, "growth_interval": 1})
+    truth, _ = _reference_step(_Probe(seed), _batch(seed))
     diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
-        unchanged = _max_diff(seen["weights"], _Probe()) == 0
+        unchanged = _max_diff(seen["weights"], _Probe(seed)) == 0
         raise CheckFailed(
             "the weights after the step differ from: unscale -> clip to max_norm -> step",
             hint="call scaler.step(optimizer) (not before zero_grad)" if unchanged else
@@ -164,8 +178,9 @@ def params_updated(ns: dict[str, Any]) -> None:
 @check_for("08", "an overflowing step is skipped", points=1)
 def overflow_skipped(ns: dict[str, Any]) -> None:
     # Huge inputs and a huge scale: the scaled gradients overflow to inf, as fp16 ones do now and then.
-    seen = observe(ns, _run, None, {"init_scale": 2.0**100, "growth_interval": 1}, True)
-    changed = _max_diff(seen["weights"], _Probe())
+    seed = run_seed(ns)
+    seen = observe(ns, _run, seed, None, {"init_scale": 2.0**100, "growth_interval": 1}, True)
+    changed = _max_diff(seen["weights"], _Probe(seed))
     if not changed == 0:
         raise CheckFailed(
             "after a step whose gradients overflowed (inf), the weights changed (to nan/inf): the step must be skipped",
@@ -178,7 +193,8 @@ def overflow_skipped(ns: dict[str, Any]) -> None:
 
 @check_for("08", "works with the scaler disabled (bf16 on the CPU)", points=1)
 def bf16_without_scaler(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _run, "bfloat16", {"enabled": False})
+    seed = run_seed(ns)
+    seen = observe(ns, _run, seed, "bfloat16", {"enabled": False})
     if not seen["autocast"] or not all(on and dtype == "torch.bfloat16" for on, dtype in seen["autocast"]):
         raise CheckFailed(
             "the forward pass did not run under autocast to bfloat16",
@@ -189,7 +205,8 @@ def bf16_without_scaler(ns: dict[str, Any]) -> None:
     result = _result(seen)
     if not math.isfinite(result["loss"]) or not math.isfinite(result["grad_norm"]):
         raise CheckFailed("loss or grad_norm is not finite with bf16 autocast", got=result)
-    if _max_diff(seen["weights"], _Probe()) == 0:
+    _check_autocast_loss(seed, torch.bfloat16, result["loss"])
+    if _max_diff(seen["weights"], _Probe(seed)) == 0:
         raise CheckFailed(
             "the weights did not change: with a disabled scaler, scaler.step(optimizer) simply calls optimizer.step()",
             hint="keep the same scale -> backward -> unscale_ -> clip -> step -> update sequence; disabled, each is a no-op "
@@ -199,7 +216,8 @@ def bf16_without_scaler(ns: dict[str, Any]) -> None:
 
 @check_for("08", "the model stays fp32 (no .half())", points=1)
 def stays_fp32(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _run, "float16", {"init_scale": SCALE})
+    seed = run_seed(ns)
+    seen = observe(ns, _run, seed, "float16", {"init_scale": SCALE})
     if seen["dtypes"] != ["torch.float32"]:
         raise CheckFailed(
             "the model's weights were converted: autocast chooses a precision per operation and keeps the weights "
@@ -214,3 +232,14 @@ def stays_fp32(ns: dict[str, Any]) -> None:
             expected=[[True, "torch.float16"]],
             got=seen["autocast"],
         )
+    _check_autocast_loss(seed, torch.float16, _result(seen)["loss"])
+
+
+def _check_autocast_loss(seed: int, dtype: torch.dtype, got: float) -> None:
+    """The returned loss is this run's batch's loss under autocast to ``dtype`` (within its precision)."""
+    x, y = _batch(seed)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+        loss = float(F.cross_entropy(_Probe(seed)(x), y))
+    if not math.isclose(got, loss, rel_tol=2e-2):
+        raise CheckFailed("the returned loss should be this batch's loss, computed under autocast",
+                          hint="return loss.item() of the forward pass run under torch.autocast", expected=loss, got=got)
