@@ -348,6 +348,59 @@ WRONG: list[tuple[str, str, str, str]] = [
                 batch = (batch[0].half(), batch[1])
             return _solution_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm)
         """, "fp32"),
+    ("08", "AMP accumulation: amp_step on every micro-batch", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            results = [amp_step(model, b, optimizer, scaler, device, amp_dtype, max_norm) for b in micro_batches]
+            return {"loss": sum(r["loss"] for r in results) / len(results), "grad_norm": results[-1]["grad_norm"]}
+        """, "one step"),
+    ("08", "AMP accumulation: scaler.update() after every micro-batch", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            optimizer.zero_grad(set_to_none=True)
+            count = sum(len(y) for _, y in micro_batches)
+            for x, y in micro_batches:
+                scaler.scale(F.cross_entropy(model(x), y, reduction="sum") / count).backward()
+                scaler.update()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            return {"loss": 0.0, "grad_norm": float(norm)}
+        """, "updates once"),
+    ("08", "AMP accumulation: only the last micro-batch's loss scaled", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            optimizer.zero_grad(set_to_none=True)
+            count = sum(len(y) for _, y in micro_batches)
+            for i, (x, y) in enumerate(micro_batches):
+                loss = F.cross_entropy(model(x), y, reduction="sum") / count
+                (scaler.scale(loss) if i == len(micro_batches) - 1 else loss).backward()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            return {"loss": 0.0, "grad_norm": float(norm)}
+        """, "big batch"),
+    ("08", "AMP accumulation: micro-batch means divided by their number", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            optimizer.zero_grad(set_to_none=True)
+            for x, y in micro_batches:
+                scaler.scale(F.cross_entropy(model(x), y) / len(micro_batches)).backward()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            return {"loss": 0.0, "grad_norm": float(norm)}
+        """, "big batch"),
+    ("08", "AMP accumulation: optimizer.step() (an overflowing group is applied)", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            optimizer.zero_grad(set_to_none=True)
+            count = sum(len(y) for _, y in micro_batches)
+            for x, y in micro_batches:
+                scaler.scale(F.cross_entropy(model(x), y, reduction="sum") / count).backward()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            optimizer.step()
+            scaler.update()
+            return {"loss": 0.0, "grad_norm": float(norm)}
+        """, "overflow skips"),
     # ---------------------------------------------------------------- 09
     ("09", "mean of batch means", """
         @torch.inference_mode()
@@ -602,6 +655,22 @@ RIGHT: list[tuple[str, str, str]] = [
             scaler.step(optimizer)
             scaler.update()
             return {"loss": float(loss.detach()), "grad_norm": float(norm)}
+        """),
+    ("08", "AMP accumulation: mean loss weighted by the micro-batch's share, gradients zeroed after the step", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            count = sum(y.numel() for _, y in micro_batches)
+            losses = []
+            for x, y in micro_batches:
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    loss = F.cross_entropy(model(x), y) * (y.numel() / count)
+                scaler.scale(loss).backward()
+                losses.append(loss.item())
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            return {"loss": sum(losses), "grad_norm": norm.item()}
         """),
     ("09", "torch.no_grad() instead of inference_mode", """
         @torch.no_grad()

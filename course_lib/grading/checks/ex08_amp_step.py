@@ -242,4 +242,106 @@ def _check_autocast_loss(seed: int, dtype: torch.dtype, got: float) -> None:
         loss = float(F.cross_entropy(_Probe(seed)(x), y))
     if not math.isclose(got, loss, rel_tol=2e-2):
         raise CheckFailed("the returned loss should be this batch's loss, computed under autocast",
-                          hint="return loss.item() of the forward pass run under torch.autocast", expected=loss, got=got)
+                          hint="return loss.item() of the forward pass run under torch.autocast", expected=loss,
+                          got=got)
+
+
+# ------------------------------------------------------------------ AMP inside an accumulation group
+
+
+class _CountingSGD(torch.optim.SGD):
+    """SGD that counts its real steps (a GradScaler skips the call on overflow)."""
+
+    def __init__(self, params: Any, lr: float) -> None:
+        super().__init__(params, lr=lr)
+        self.steps_taken = 0
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        self.steps_taken += 1
+        return super().step(closure)
+
+
+def _micro_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Three micro-batches of uneven sizes (different in every grading run)."""
+    x, y = _batch(seed)  # 10 samples
+    first, second = 2 + seed % 3, 3 + seed % 2
+    cuts = [0, first, first + second, len(x)]
+    return [(x[a:b], y[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _accumulated(ns: dict[str, Any], seed: int, overflow: bool) -> dict[str, Any]:
+    """The learner's group step on a fresh probe model with an enabled CPU scaler (fp32 forward, so exact)."""
+    fn = need(ns, "amp_accumulate",
+              "define `amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm)`")
+    scale = 2.0**100 if overflow else SCALE
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=1)
+    model = _Probe(seed)
+    opt = _CountingSGD(model.parameters(), lr=0.5)
+    batches = _micro_batches(seed)
+    if overflow:  # one huge micro-batch: its scaled gradients overflow, so the whole group must be skipped
+        batches[1] = (batches[1][0] * 1e30, batches[1][1])
+    result = call(fn, model, batches, opt, scaler, torch.device("cpu"), None, MAX_NORM)
+    if isinstance(result, dict) and {"loss", "grad_norm"} <= set(result):
+        shown: Any = {k: float(result[k]) if isinstance(result[k], (int, float, torch.Tensor)) else one_line(result[k])
+                      for k in ("loss", "grad_norm")}
+    else:
+        shown = one_line(result)
+    return {"result": shown, "weights": [p.detach() for p in model.parameters()], "steps": opt.steps_taken,
+            "scale": float(scaler.get_scale())}
+
+
+@check_for("08", "AMP accumulation: one step, same as one big batch", points=2)
+def accumulation_equals_big_batch(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    seen = observe(ns, _accumulated, seed, False)
+    sizes = [len(y) for _, y in _micro_batches(seed)]
+    if seen["steps"] != 1:
+        raise CheckFailed(
+            f"a group of {len(sizes)} micro-batches should make one optimizer step",
+            hint="scaler.scale(loss).backward() for each micro-batch; unscale_, clip, step and update once, after the "
+                 "last one", expected=1, got=seen["steps"])
+    truth, norm = _reference_step(_Probe(seed), _batch(seed))  # the group as one batch of all its samples
+    diff = _max_diff(seen["weights"], truth)
+    if diff > 1e-5:
+        raise CheckFailed(
+            f"the step differs from one big batch of the group's {sum(sizes)} samples (micro-batches {sizes})",
+            hint="scale every micro-batch's loss (scaler.scale(loss_sum / samples_in_group).backward()): an unscaled "
+                 "backward mixes with scaled gradients, and unscale_ divides them all; clip only after unscale_",
+            expected="max |weight difference| < 1e-5", got=f"{diff:.3g}")
+    result = _result(seen)
+    x, y = _batch(seed)
+    with torch.no_grad():
+        loss = float(F.cross_entropy(_Probe(seed)(x), y))
+    if not math.isclose(result["grad_norm"], norm, rel_tol=1e-4) or not math.isclose(result["loss"], loss,
+                                                                                    rel_tol=1e-4):
+        raise CheckFailed("return the group's mean loss and the gradient norm measured after unscale_",
+                          expected={"loss": loss, "grad_norm": norm}, got=result)
+
+
+@check_for("08", "AMP accumulation: the scaler updates once per group", points=1)
+def accumulation_updates_once(ns: dict[str, Any]) -> None:
+    seen = observe(ns, _accumulated, run_seed(ns), False)
+    if seen["scale"] != SCALE * 2:
+        updates = math.log2(seen["scale"] / SCALE) if seen["scale"] > 0 else float("nan")
+        raise CheckFailed(
+            "scaler.update() should run once per optimizer step, after the group's last micro-batch (this scaler "
+            "doubles its scale on every update)",
+            hint="updating inside the loop changes the scale between micro-batches, so their gradients no longer "
+                 "share one factor", expected=SCALE * 2,
+            got=f"{seen['scale']:g} ({updates:g} updates)" if math.isfinite(updates) else seen["scale"])
+
+
+@check_for("08", "AMP accumulation: an overflow skips the whole group", points=1)
+def accumulation_overflow(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    seen = observe(ns, _accumulated, seed, True)
+    changed = _max_diff(seen["weights"], _Probe(seed))
+    if changed != 0:
+        raise CheckFailed(
+            "one micro-batch overflowed (inf gradients) and the weights changed: the whole group's step must be "
+            "skipped",
+            hint="scaler.step(optimizer) once after unscale_ (it skips the update when any gradient is inf/nan)",
+            expected="weights unchanged", got=f"max |change| {changed:.3g}")
+    if seen["scale"] != 2.0**99:
+        raise CheckFailed("after the overflow scaler.update() should halve the scale once",
+                          expected=2.0**99, got=seen["scale"])
