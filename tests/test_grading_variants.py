@@ -153,6 +153,38 @@ WRONG: list[tuple[str, str, str, str]] = [
         def verdict(data_s, compute_s):
             return "input-bound" if data_s > compute_s else "compute-bound"
         """, "verdict"),
+    ("02", "collate pads at the front", """
+        def pad_collate(batch):
+            seqs = [seq for seq, _ in batch]
+            longest = max(len(s) for s in seqs)
+            padded = torch.stack([torch.cat([torch.zeros(longest - len(s), dtype=s.dtype), s]) for s in seqs])
+            return padded, torch.tensor([len(s) for s in seqs]), torch.tensor([label for _, label in batch])
+        """, "pad_collate"),
+    ("02", "lengths measured after padding", """
+        def pad_collate(batch):
+            seqs = [seq for seq, _ in batch]
+            padded = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
+            return padded, torch.tensor([len(row) for row in padded]), torch.tensor([label for _, label in batch])
+        """, "pad_collate"),
+    ("02", "the small last batch kept (no drop_last)", """
+        def epoch_batches(dataset, batch_size, seed):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=pad_collate,
+                              generator=torch.Generator().manual_seed(seed))
+        """, "drop_last"),
+    ("02", "padded to a global maximum length", """
+        _solution_collate = pad_collate
+        def pad_collate(batch):
+            padded, lengths, labels = _solution_collate(batch)
+            return torch.nn.functional.pad(padded, (0, 12 - padded.shape[1])), lengths, labels
+        """, "drop_last"),
+    ("02", "training batches not shuffled", """
+        def epoch_batches(dataset, batch_size, seed):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=True, collate_fn=pad_collate)
+        """, "shuffled"),
+    ("02", "shuffled with the global RNG (seed ignored)", """
+        def epoch_batches(dataset, batch_size, seed):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=pad_collate)
+        """, "shuffled"),
     # ---------------------------------------------------------------- 03
     ("03", "compile counting without torch._dynamo.reset()", """
         def count_compiles(model, inputs):
@@ -626,6 +658,20 @@ RIGHT: list[tuple[str, str, str]] = [
                     raise ValueError("the loader ran out of batches") from None
                 samples += x.shape[0]
             return samples / (clock() - start)
+        """),
+    ("02", "padding by hand; RandomSampler and BatchSampler(drop_last=True)", """
+        def pad_collate(batch):
+            longest = max(len(seq) for seq, _ in batch)
+            padded = torch.zeros(len(batch), longest, dtype=torch.long)
+            for row, (seq, _) in enumerate(batch):
+                padded[row, : len(seq)] = seq
+            return padded, torch.tensor([len(seq) for seq, _ in batch]), torch.tensor([y for _, y in batch])
+
+        def epoch_batches(dataset, batch_size, seed):
+            from torch.utils.data import BatchSampler, RandomSampler
+            sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+            return DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch_size, drop_last=True),
+                              collate_fn=pad_collate)
         """),
     ("03", "count_compiles with torch._dynamo's CompileCounter", """
         def count_compiles(model, inputs):

@@ -307,3 +307,107 @@ def verdict_rule(ns: dict[str, Any]) -> None:
         if outcome != "ValueError":
             raise CheckFailed(f"verdict{bad} should raise ValueError (negative times, or nothing measured)",
                               hint="check the inputs before deciding", expected="ValueError", got=outcome)
+
+
+# ------------------------------------------------------------------ batches: collate_fn, drop_last, shuffle
+
+
+def _sequences(seed: int, n: int) -> list[tuple[torch.Tensor, int]]:
+    """``n`` items ``(token ids of length 1..9, label = the item's index)``: the label shows where a batch came from."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 10, (n,), generator=g).tolist()
+    return [(torch.randint(1, 50, (length,), generator=g), i) for i, length in enumerate(lengths)]
+
+
+def _reference_collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seqs = [s for s, _ in batch]
+    padded = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=0)
+    return padded, torch.tensor([len(s) for s in seqs]), torch.tensor([label for _, label in batch])
+
+
+def _as_tensors(out: Any) -> Any:
+    if isinstance(out, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in out):
+        return [t.detach() for t in out]
+    return one_line(out)
+
+
+def _collated(ns: dict[str, Any], seed: int) -> Any:
+    fn = need(ns, "pad_collate", "define `pad_collate(batch)` in the exercise cell")
+    return _as_tensors(call(fn, _sequences(seed, 5)))
+
+
+@check_for("02", "pad_collate pads to the longest, keeps the lengths")
+def collate_padding(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    got = observe(ns, _collated, seed)
+    expected = list(_reference_collate(_sequences(seed, 5)))
+    if not isinstance(got, list) or len(got) != 3:
+        raise CheckFailed("pad_collate should return three tensors: (padded, lengths, labels)", got=got)
+    names = ("padded", "lengths", "labels")
+    for name, want, have in zip(names, expected, got):
+        if have.shape != want.shape or not torch.equal(have.to(want.dtype), want):
+            hint = {"padded": "pad every sequence at the end with 0 up to the longest one in *this* batch "
+                              "(torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True))",
+                    "lengths": "record each sequence's length before padding",
+                    "labels": "stack the labels in the batch's order"}[name]
+            raise CheckFailed(f"pad_collate's {name} is wrong for sequences of lengths "
+                              f"{expected[1].tolist()}", hint=hint, expected=want.tolist(), got=have.tolist())
+
+
+def _epochs(ns: dict[str, Any], seed: int, n: int, batch_size: int) -> Any:
+    fn = need(ns, "epoch_batches", "define `epoch_batches(dataset, batch_size, seed)` in the exercise cell")
+    data = _sequences(seed, n)
+    runs = []
+    for loader_seed in (seed, seed, seed + 1):
+        batches = []
+        for batch in call(fn, data, batch_size, loader_seed):
+            if not isinstance(batch, (list, tuple)) or len(batch) != 3:
+                return {"batch": one_line(batch)}
+            padded, _, labels = batch
+            batches.append({"labels": [int(v) for v in labels], "width": int(padded.shape[1])})
+        runs.append(batches)
+    return {"runs": runs}
+
+
+def _epoch_inputs(seed: int) -> tuple[int, int]:
+    """Dataset size and batch size (the last batch is always incomplete), different in every grading run."""
+    batch_size = 4 + seed % 3
+    return batch_size * (4 + seed % 3) + 1 + seed % (batch_size - 1), batch_size
+
+
+@check_for("02", "epoch loader: full batches only (drop_last)")
+def epoch_drop_last(ns: dict[str, Any]) -> None:
+    n, batch_size = _epoch_inputs(run_seed(ns))
+    seen = observe(ns, _epochs, run_seed(ns), n, batch_size)
+    if "runs" not in seen:
+        raise CheckFailed("each batch should be pad_collate's (padded, lengths, labels)",
+                          hint="DataLoader(..., collate_fn=pad_collate)", got=seen["batch"])
+    sizes = [len(b["labels"]) for b in seen["runs"][0]]
+    if sizes != [batch_size] * (n // batch_size):
+        raise CheckFailed(f"{n} samples in batches of {batch_size}: training should see only full batches (a small "
+                          "last batch gives a noisier step and, with BatchNorm, can even fail)",
+                          hint="DataLoader(..., drop_last=True)", expected=[batch_size] * (n // batch_size), got=sizes)
+    data = _sequences(run_seed(ns), n)
+    widths = [max(len(data[i][0]) for i in b["labels"]) for b in seen["runs"][0]]
+    if [b["width"] for b in seen["runs"][0]] != widths:
+        raise CheckFailed("each batch should be padded to its own longest sequence", hint="collate_fn=pad_collate",
+                          expected=widths, got=[b["width"] for b in seen["runs"][0]])
+
+
+@check_for("02", "epoch loader: shuffled, reproducible from the seed")
+def epoch_shuffle(ns: dict[str, Any]) -> None:
+    n, batch_size = _epoch_inputs(run_seed(ns))
+    seen = observe(ns, _epochs, run_seed(ns), n, batch_size)
+    if "runs" not in seen:
+        raise CheckFailed("each batch should be pad_collate's (padded, lengths, labels)", got=seen["batch"])
+    first, again, other = ([i for b in run for i in b["labels"]] for run in seen["runs"])
+    if len(set(first)) != len(first) or not set(first) <= set(range(n)):
+        raise CheckFailed("an epoch should visit each sample at most once", got=first)
+    if first == sorted(first):
+        raise CheckFailed("the samples come in dataset order: training batches should be shuffled every epoch",
+                          hint="DataLoader(..., shuffle=True)", got=first[:12])
+    if first != again or first == other:
+        raise CheckFailed("the order should be the same for the same seed and differ for another seed",
+                          hint="shuffle with generator=torch.Generator().manual_seed(seed) (not the global RNG)",
+                          expected="same seed: same order; seed + 1: another order",
+                          got={"same seed, same order": first == again, "seed + 1, another order": first != other})
