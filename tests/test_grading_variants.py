@@ -185,6 +185,36 @@ WRONG: list[tuple[str, str, str, str]] = [
         def epoch_batches(dataset, batch_size, seed):
             return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=pad_collate)
         """, "shuffled"),
+    ("02", "memory profile without profile_memory=True", """
+        def profile_memory_steps(step_fn, steps=2):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+                for _ in range(steps):
+                    step_fn()
+            return prof
+        """, "memory and input shapes"),
+    ("02", "memory profile without record_shapes=True", """
+        def profile_memory_steps(step_fn, steps=2):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+                for _ in range(steps):
+                    step_fn()
+            return prof
+        """, "memory and input shapes"),
+    ("02", "allocations ranked by total memory (children counted again)", """
+        def top_memory(prof, k=3):
+            rows = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: e.cpu_memory_usage, reverse=True)
+            return [(e.key, str(e.input_shapes), e.self_cpu_memory_usage / 2**20) for e in rows[:k]]
+        """, "top allocations"),
+    ("02", "allocations not grouped by input shape", """
+        def top_memory(prof, k=3):
+            rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_memory_usage, reverse=True)
+            return [(e.key, str(e.input_shapes), e.self_cpu_memory_usage / 2**20) for e in rows[:k]]
+        """, "top allocations"),
+    ("02", "allocations reported in bytes", """
+        def top_memory(prof, k=3):
+            rows = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: e.self_cpu_memory_usage,
+                          reverse=True)
+            return [(e.key, str(e.input_shapes), float(e.self_cpu_memory_usage)) for e in rows[:k]]
+        """, "top allocations"),
     # ---------------------------------------------------------------- 03
     ("03", "compile counting without torch._dynamo.reset()", """
         def count_compiles(model, inputs):

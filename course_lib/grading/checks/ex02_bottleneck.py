@@ -411,3 +411,118 @@ def epoch_shuffle(ns: dict[str, Any]) -> None:
                           hint="shuffle with generator=torch.Generator().manual_seed(seed) (not the global RNG)",
                           expected="same seed: same order; seed + 1: another order",
                           got={"same seed, same order": first == again, "seed + 1, another order": first != other})
+
+
+# ------------------------------------------------------------------ memory and shapes in the profiler
+
+
+def _memory_profiled(ns: dict[str, Any], rows: int, inner: int) -> dict[str, Any]:
+    fn = need(ns, "profile_memory_steps", "define `profile_memory_steps(step_fn, steps=2)` in the exercise cell")
+    g = torch.Generator().manual_seed(rows)
+    a, b = torch.randn(rows, inner, generator=g), torch.randn(inner, 3, generator=g)
+
+    def step() -> None:
+        torch.zeros(rows, 256)  # the allocation the profile must account for
+        torch.mm(a, b)
+
+    prof = call(fn, step, steps=2)
+    if prof is None or not hasattr(prof, "key_averages"):
+        return {"returned": type(prof).__name__}
+    events = list(prof.key_averages(group_by_input_shape=True))
+    return {"returned": "profile", "mm_shapes": [e.input_shapes for e in events if e.key == "aten::mm"],
+            "allocated": max([int(e.self_cpu_memory_usage) for e in events] or [0])}
+
+
+@check_for("02", "profile with memory and input shapes")
+def profile_memory_shapes(ns: dict[str, Any]) -> None:
+    rows, inner = 100 + run_seed(ns) % 200, 3 + run_seed(ns) % 7  # different in every grading run
+    seen = observe(ns, _memory_profiled, rows, inner)
+    if seen["returned"] != "profile":
+        raise CheckFailed("return the torch.profiler.profile object", got=seen["returned"])
+    if [[rows, inner], [inner, 3]] not in seen["mm_shapes"]:
+        raise CheckFailed("the profile does not know the operations' input shapes",
+                          hint="torch.profiler.profile(..., record_shapes=True)",
+                          expected=f"aten::mm with input shapes {[[rows, inner], [inner, 3]]}", got=seen["mm_shapes"])
+    if seen["allocated"] < rows * 256 * 4:
+        raise CheckFailed("the profile does not count memory: each step allocates a "
+                          f"[{rows}, 256] float32 tensor ({rows * 256 * 4} bytes)",
+                          hint="torch.profiler.profile(..., profile_memory=True)",
+                          expected=f">= {rows * 256 * 4} bytes in one operation", got=seen["allocated"])
+
+
+@dataclass
+class _MemoryEvent:
+    key: str
+    input_shapes: list[list[int]]
+    self_cpu_memory_usage: int  # bytes allocated by the op itself
+    cpu_memory_usage: int  # bytes including its children
+
+
+class _FakeMemoryProfile:
+    """key_averages() like torch's: grouped by name, or by name and input shapes when asked."""
+
+    def __init__(self, events: list[_MemoryEvent]) -> None:
+        self.events = events
+
+    def key_averages(self, group_by_input_shape: bool = False, **_: Any) -> list[_MemoryEvent]:
+        if group_by_input_shape:
+            return list(self.events)
+        merged: dict[str, _MemoryEvent] = {}
+        for e in self.events:
+            m = merged.setdefault(e.key, _MemoryEvent(e.key, [], 0, 0))
+            m.self_cpu_memory_usage += e.self_cpu_memory_usage
+            m.cpu_memory_usage += e.cpu_memory_usage
+        return list(merged.values())
+
+
+def _memory_events(seed: int) -> list[_MemoryEvent]:
+    """Allocations in MiB-sized multiples, different in every grading run; 'linear' and 'conv' hold their children."""
+    draw = random.Random(seed)
+    mib = 1 << 20
+    sizes = draw.sample(range(2, 40), 4)
+    return [_MemoryEvent("aten::linear", [[64, 128], [256, 128]], 0, (sizes[0] + sizes[1]) * mib),
+            _MemoryEvent("aten::empty", [[64, 256]], sizes[0] * mib, sizes[0] * mib),
+            _MemoryEvent("aten::empty", [[8, 3, 32, 32]], sizes[1] * mib, sizes[1] * mib),
+            _MemoryEvent("aten::cat", [[64, 256], [64, 256]], sizes[2] * mib, sizes[2] * mib),
+            _MemoryEvent("aten::relu", [[64, 256]], sizes[3] * mib, sizes[3] * mib),
+            _MemoryEvent("aten::conv2d", [[8, 3, 32, 32], [16, 3, 3, 3]], mib, 80 * mib)]
+
+
+def _reference_top_memory(events: list[_MemoryEvent], k: int) -> list[tuple[str, str, float]]:
+    ranked = sorted(events, key=lambda e: e.self_cpu_memory_usage, reverse=True)[:k]
+    return [(e.key, str(e.input_shapes), e.self_cpu_memory_usage / 2**20) for e in ranked]
+
+
+def _shapes_text(shapes: Any) -> str:
+    """Input shapes as torch prints them (lists), whether given as lists or tuples."""
+    if isinstance(shapes, (list, tuple)) and all(isinstance(s, (list, tuple)) for s in shapes):
+        return str([list(s) for s in shapes])
+    return shapes if isinstance(shapes, str) else one_line(shapes)
+
+
+def _top_memory(ns: dict[str, Any], seed: int, k: int) -> Any:
+    fn = need(ns, "top_memory", "define `top_memory(prof, k=3)` in the exercise cell")
+    got = call(fn, _FakeMemoryProfile(_memory_events(seed)), k=k)
+    if isinstance(got, (list, tuple)) and all(isinstance(i, (list, tuple)) and len(i) == 3 for i in got):
+        return [[one_line(name) if not isinstance(name, str) else name, _shapes_text(shapes),
+                 float(mb) if isinstance(mb, (int, float)) else one_line(mb)] for name, shapes, mb in got]
+    return one_line(got)
+
+
+@check_for("02", "top allocations by self memory, per input shape, in MiB")
+def top_memory_ops(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    k = 2 + seed % 3
+    expected = [list(item) for item in _reference_top_memory(_memory_events(seed), k)]
+    got = observe(ns, _top_memory, seed, k)
+    if not isinstance(got, list):
+        raise CheckFailed("return a list of (name, input_shapes, MiB) triples", expected=expected, got=got)
+    if [g[:2] for g in got] != [e[:2] for e in expected]:
+        hint = "rank by self_cpu_memory_usage (what the op itself allocates; cpu_memory_usage counts its children " \
+               "too), from prof.key_averages(group_by_input_shape=True) so each shape is its own row"
+        raise CheckFailed("wrong operations or order", hint=hint, expected=[e[:2] for e in expected],
+                          got=[g[:2] for g in got])
+    for want, have in zip(expected, got):
+        if not isinstance(have[2], float) or not math.isclose(have[2], want[2], rel_tol=1e-6):
+            raise CheckFailed("memory should be in MiB", hint="the profiler reports bytes: divide by 2**20",
+                              expected=[e[2] for e in expected], got=[g[2] for g in got])
