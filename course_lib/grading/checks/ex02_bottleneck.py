@@ -401,8 +401,9 @@ def epoch_shuffle(ns: dict[str, Any]) -> None:
     if "runs" not in seen:
         raise CheckFailed("each batch should be pad_collate's (padded, lengths, labels)", got=seen["batch"])
     first, again, other = ([i for b in run for i in b["labels"]] for run in seen["runs"])
-    if len(set(first)) != len(first) or not set(first) <= set(range(n)):
-        raise CheckFailed("an epoch should visit each sample at most once", got=first)
+    if len(set(first)) != len(first) or not set(first) <= set(range(n)) or len(first) != n // batch_size * batch_size:
+        raise CheckFailed(f"an epoch over {n} samples in full batches of {batch_size} should visit "
+                          f"{n // batch_size * batch_size} different samples", got=first)
     if first == sorted(first):
         raise CheckFailed("the samples come in dataset order: training batches should be shuffled every epoch",
                           hint="DataLoader(..., shuffle=True)", got=first[:12])

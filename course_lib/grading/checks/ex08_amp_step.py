@@ -269,12 +269,16 @@ def _micro_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x[a:b], y[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
+def _group_scale(seed: int) -> float:
+    """The scaler's starting factor for the group (a power of two, different from run to run)."""
+    return SCALE * 2 ** (seed % 4)
+
+
 def _accumulated(ns: dict[str, Any], seed: int, overflow: bool) -> dict[str, Any]:
     """The learner's group step on a fresh probe model with an enabled CPU scaler (fp32 forward, so exact)."""
     fn = need(ns, "amp_accumulate",
               "define `amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm)`")
-    scale = 2.0**100 if overflow else SCALE
-    scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100 if overflow else _group_scale(seed), growth_interval=1)
     model = _Probe(seed)
     opt = _CountingSGD(model.parameters(), lr=0.5)
     batches = _micro_batches(seed)
@@ -320,14 +324,15 @@ def accumulation_equals_big_batch(ns: dict[str, Any]) -> None:
 
 @check_for("08", "AMP accumulation: the scaler updates once per group", points=1)
 def accumulation_updates_once(ns: dict[str, Any]) -> None:
+    start = _group_scale(run_seed(ns))
     seen = observe(ns, _accumulated, run_seed(ns), False)
-    if seen["scale"] != SCALE * 2:
-        updates = math.log2(seen["scale"] / SCALE) if seen["scale"] > 0 else float("nan")
+    if seen["scale"] != start * 2:
+        updates = math.log2(seen["scale"] / start) if seen["scale"] > 0 else float("nan")
         raise CheckFailed(
             "scaler.update() should run once per optimizer step, after the group's last micro-batch (this scaler "
             "doubles its scale on every update)",
             hint="updating inside the loop changes the scale between micro-batches, so their gradients no longer "
-                 "share one factor", expected=SCALE * 2,
+                 "share one factor", expected=start * 2,
             got=f"{seen['scale']:g} ({updates:g} updates)" if math.isfinite(updates) else seen["scale"])
 
 
