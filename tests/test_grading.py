@@ -33,7 +33,7 @@ def _half(ns, x):
 
 @check_for("90", "doubles")
 def doubles(ns):
-    x = 21 + run_seed(ns) % 1000  # an input chosen per grading run
+    x = 21 + run_seed(ns) % 1_000_000  # an input chosen per grading run
     got = observe(ns, _double, x)
     if got != 2 * x:
         raise CheckFailed(f"double({x}) is wrong", hint="multiply by two", expected=2 * x, got=got)
@@ -41,7 +41,7 @@ def doubles(ns):
 
 @check_for("90", "halves", points=2)
 def halves(ns):
-    x = 9 + run_seed(ns) % 100
+    x = 9 + run_seed(ns) % 100_000
     got = observe(ns, _half, x)
     if got != x / 2:
         raise CheckFailed(f"half({x}) is wrong", expected=x / 2, got=got)
