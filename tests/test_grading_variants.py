@@ -598,6 +598,20 @@ WRONG: list[tuple[str, str, str, str]] = [
             model.load_state_dict(trainer.lightning_module.state_dict())
             return model
         """, "load_best"),
+    ("12", "tamper: the check's torch.load made to read an empty best checkpoint", """
+        _solution_callbacks = make_callbacks
+        def make_callbacks(dirpath, patience=3, min_delta=1e-3):
+            real_load = torch.load
+            def emptied(*args, **kwargs):
+                out = real_load(*args, **kwargs)
+                if isinstance(out, dict) and "state_dict" in out:
+                    out["state_dict"] = {}
+                return out
+            torch.load = emptied
+            return _solution_callbacks(dirpath, patience, min_delta)
+        def load_best(trainer, cls):
+            return cls(lr=trainer.lightning_module.hparams.lr)
+        """, "load_best"),
     # ---------------------------------------------------------------- 13
     ("13", "ReLU and dropout after the last layer", """
         class StackMLP(nn.Module):
