@@ -733,6 +733,24 @@ RIGHT: list[tuple[str, str, str]] = [
             return [{"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
                     {"params": [p for p in params if p.dim() >= 2], "weight_decay": wd}]
         """),
+    ("07", "batches materialised and sliced into groups, targets counted with y.ne(-100)", """
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            model.train()
+            batches = list(loader)
+            total, count, sizes = 0.0, 0, []
+            for start in range(0, len(batches), microbatches):
+                group = batches[start:start + microbatches]
+                targets = sum(int(y.ne(-100).sum()) for _, y in group)
+                optimizer.zero_grad()
+                for x, y in group:
+                    loss = F.cross_entropy(model(x.to(device)), y.to(device), reduction="sum")
+                    (loss / targets).backward()
+                    total += float(loss)
+                optimizer.step()
+                count += targets
+                sizes.append(targets)
+            return {"loss": total / count, "steps": len(sizes), "group_sizes": sizes}
+        """),
     ("08", "autocast written with enabled=, dtype defaulted", """
         def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
             x, y = (t.to(device) for t in batch)
