@@ -105,13 +105,17 @@ def _tail(path: Path, chars: int = 300) -> str:
     return printable(" ".join(text[-chars:].split()))
 
 
+def _grade_mode() -> str:
+    return os.environ.get("COURSE_GRADE_MODE", "smoke")
+
+
 def _child_env(threads: int) -> dict[str, str]:
     """A small, explicit environment: nothing of the grader's (tokens, paths) leaks into learner code."""
     keep = ("LANG", "LC_ALL", "TZ", "COURSE_DATA_DIR", "CUDA_VISIBLE_DEVICES")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update({
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
-        "COURSE_MODE": os.environ.get("COURSE_GRADE_MODE", "smoke"),  # checks test behaviour, not scale
+        "COURSE_MODE": _grade_mode(),  # checks test behaviour, not scale
         "PYTHONPATH": str(_PACKAGE_ROOT),
         "MPLBACKEND": "Agg",
         "OMP_NUM_THREADS": str(threads),
@@ -193,6 +197,9 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
         return NotebookGrade(number, [_failed(c, str(exc), "open the notebook in Jupyter and save it again")
                                       for c in checks], INVALID)
     uses = reference_uses(nb, number)
+    # Judge in the mode the child observes in (smoke unless COURSE_GRADE_MODE says otherwise): the checks build their
+    # references with the same by_mode sizes as the observed runs.
+    os.environ["COURSE_MODE"] = _grade_mode()
     limits = limits or sandbox.Limits(cpu_s=int(timeout_s * max(1, threads)) + 30)
     workdir = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-"))
     seed = secrets.randbelow(2**31)

@@ -6,10 +6,11 @@ import contextlib
 import dataclasses
 import io
 import math
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -72,7 +73,8 @@ def override_types(ns: dict[str, Any]) -> None:
                               expected={k: _fields(expected).get(k) for k in wrong}, got=wrong)
 
 
-_MISSPELT = ("dpeth", "detph", "deph", "rtae", "rat", "warm-step", "limt", "scael")
+# Misspelt flags, none of them part of a real flag's name (an error message may list the real ones).
+_MISSPELT = ("dpeth", "detph", "rtae", "rtea", "lmiit", "scael", "wram-steps", "fsat")
 
 
 def _error_cases(seed: int) -> list[tuple[list[str], str]]:
@@ -193,13 +195,30 @@ def _halfway(run: dict[str, Any]) -> int:
     return -(-(run["steps"] // 2) // every) * every
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread here and in the training processes started meanwhile: sums then add up in the same order
+    in the sandbox and in the grader, so the runs compare exactly whatever the machine's and the grader's threads."""
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
+
+
 def _kill_and_resume(ns: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     kill = need(ns, "kill_at_halfway", "define `kill_at_halfway(cfg)` in the exercise cell")
     resume = need(ns, "resume", "define `resume(cfg)` in the exercise cell")
     from course_lib.train.checkpoint import atomic_torch_save, read_checkpoint
     from course_lib.train.config import TrainConfig
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _one_thread():
         cfg = TrainConfig(**run, out=str(Path(tmp) / "interrupted"))
         step = call(kill, cfg)
         ckpt = Path(cfg.out) / "ckpt.pt"
@@ -235,8 +254,9 @@ def kill_and_resume(ns: dict[str, Any]) -> None:
         if not isinstance(got["history"], list) or not got["history"]:
             raise CheckFailed("resume(cfg) should return the run's history (a list of metric dicts)",
                               got=got["history"])
+        # The reference run's progress is not the grader's output.
         with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):  # the reference run's progress is not the grader's output
+                contextlib.redirect_stderr(io.StringIO()), _one_thread():
             want = _comparable(train_run(TrainConfig(**run, out=str(Path(tmp) / "reference"))))
         history = [tuple(r) for r in got["history"]]
         if not _same(want, history):

@@ -62,6 +62,9 @@ def _observed(ns: dict[str, Any]) -> tuple[list[dict[str, str]], dict[str, dict[
         raise CheckFailed("the test suite's outcomes could not be read", got=type(outcomes).__name__)
     good = [o for name, o in zip(order, outcomes) if name == "Reference"]
     others = {name: o for name, o in zip(order, outcomes) if name != "Reference"}
+    if any(o != good[0] for o in good):  # the suite runs once per implementation: its repeats are one outcome
+        raise CheckFailed("the outcomes on the correct implementation differ between its repeats in this run's order "
+                          "(observations from another run?)", got=good)
     return good, others
 
 

@@ -205,7 +205,7 @@ def bf16_without_scaler(ns: dict[str, Any]) -> None:
     result = _result(seen)
     if not math.isfinite(result["loss"]) or not math.isfinite(result["grad_norm"]):
         raise CheckFailed("loss or grad_norm is not finite with bf16 autocast", got=result)
-    _check_autocast_loss(seed, torch.bfloat16, result["loss"])
+    _check_this_run(seed, torch.bfloat16, seen)
     if _max_diff(seen["weights"], _Probe(seed)) == 0:
         raise CheckFailed(
             "the weights did not change: with a disabled scaler, scaler.step(optimizer) simply calls optimizer.step()",
@@ -232,11 +232,17 @@ def stays_fp32(ns: dict[str, Any]) -> None:
             expected=[[True, "torch.float16"]],
             got=seen["autocast"],
         )
-    _check_autocast_loss(seed, torch.float16, _result(seen)["loss"])
+    _check_this_run(seed, torch.float16, seen)
 
 
-def _check_autocast_loss(seed: int, dtype: torch.dtype, got: float) -> None:
-    """The returned loss is this run's batch's loss under autocast to ``dtype`` (within its precision)."""
+def _check_this_run(seed: int, dtype: torch.dtype, seen: dict[str, Any]) -> None:
+    """The weights are this run's model after one clipped step, the loss this batch's under autocast to ``dtype``."""
+    moved = _max_diff(seen["weights"], _Probe(seed))
+    if not moved <= 0.5 * MAX_NORM:  # SGD at lr 0.5 after clipping to MAX_NORM moves no weight further
+        raise CheckFailed("the weights after one clipped step should stay next to the model's starting weights",
+                          hint="clip_grad_norm_(model.parameters(), max_norm) after unscale_, then one step",
+                          expected=f"max |change| <= {0.5 * MAX_NORM}", got=f"{moved:.3g}")
+    got = _result(seen)["loss"]
     x, y = _batch(seed)
     with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
         loss = float(F.cross_entropy(_Probe(seed)(x), y))
