@@ -12,6 +12,7 @@ import base64
 import csv
 import io
 import json
+import secrets
 import subprocess
 import time
 from pathlib import Path
@@ -20,9 +21,9 @@ import nbformat
 import pytest
 import torch
 
-from course_lib.grading import sandbox
+from course_lib.grading import api, sandbox
+from course_lib.grading.api import checks_for
 from course_lib.grading.grade import main as grade_main
-from course_lib.grading.runner import grade_notebook
 
 from test_grading import TOY_CHECKS, toy_notebook
 
@@ -163,15 +164,21 @@ def graded_class(tmp_path_factory: pytest.TempPathFactory) -> dict:
     subs, out = root / "class", root / "grades.csv"
     toy_notebook(subs / "ada" / "90_toy.ipynb")  # the honest classmate: 3/3
     honest_copy = (subs / "ada" / "90_toy.ipynb").read_bytes()
-    # An earlier run's real observations of a correct notebook, handed in again by a notebook that writes the files
-    # and leaves: in this run the checks ask about other inputs.
-    earlier = grade_notebook(subs / "ada" / "90_toy.ipynb", "90", extra_dirs=[instructor], timeout_s=90)
-    assert earlier.earned == 3 and all(records for records in earlier.observations)
+    # Observations of a correct notebook recorded the way the worker records them, in an earlier run (another seed),
+    # handed in again by a notebook that writes the files and leaves: in this run the checks ask about other inputs.
     saved = []
-    for records in earlier.observations:
-        buffer = io.BytesIO()
-        torch.save(records, buffer)
-        saved.append(base64.b64encode(buffer.getvalue()).decode("ascii"))
+    api.set_run_seed(secrets.randbelow(2**31))
+    try:
+        for check in checks_for("90", [instructor]):
+            records = api.start_recording()
+            check.func({"double": lambda x: 2 * x, "half": lambda x: x / 2})
+            api.stop_recording()
+            buffer = io.BytesIO()
+            torch.save(records, buffer)
+            saved.append(base64.b64encode(buffer.getvalue()).decode("ascii"))
+    finally:
+        api.stop_recording()
+        api.set_run_seed(0)
     _hostile_toy(subs / "replay_previous_run" / "90_toy.ipynb", REPLAY.format(saved=saved))
     hostile = {**FORGERIES, **SANDBOXED_FORGERIES, **ESCAPES} if SANDBOXED else FORGERIES
     for name, code in hostile.items():
