@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from course_lib.grading import build
+from course_lib.grading.api import Replay, checks_for, run_check
 from course_lib.grading.notebook import exercise_number
 from course_lib.grading.runner import NotebookGrade, grade_notebooks
 
@@ -68,3 +69,19 @@ def test_every_check_fails_on_the_stub(solution: Path, graded: dict) -> None:
     assert results
     passing = [r.name for r in results if r.passed]
     assert not passing, f"these checks pass on the unsolved exercise, so they grade nothing: {passing}"
+
+
+# Exercises whose every check draws its inputs from the grading run's seed (the others join as they adopt it).
+SEEDED = ("01", "02", "04", "06", "07", "08", "09", "10", "12", "13")
+
+
+@pytest.mark.parametrize("number", SEEDED)
+def test_observations_replayed_from_another_run_fail(number: str, graded: dict) -> None:
+    """A submission that saves the observations of an earlier (correct) run and hands them in again scores 0:
+    judged with the next run's seed, the recorded answers belong to other inputs."""
+    grade = graded["solution"][number]
+    checks = checks_for(number)
+    assert len(grade.observations) == len(checks) and all(r is not None for r in grade.observations)
+    replayed = [run_check(c, Replay(records, seed=grade.seed + 1)) for c, records in zip(checks, grade.observations)]
+    passing = [r.name for r in replayed if r.passed]
+    assert not passing, f"these checks accept answers recorded for another run's inputs: {passing}"

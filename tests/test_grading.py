@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 from course_lib.grading import build, notebook
-from course_lib.grading.api import CheckFailed, call, check_for, run_check, Check
+from course_lib.grading.api import CheckFailed, call, check_for, observe, run_check, Check
 from course_lib.grading.grade import main as grade_main
 from course_lib.grading.runner import grade_notebook
 
@@ -33,7 +33,7 @@ def _half(ns, x):
 
 @check_for("90", "doubles")
 def doubles(ns):
-    x = 21 + run_seed(ns) % 1000  # an input chosen per grading run
+    x = 21 + run_seed(ns) % 1_000_000  # an input chosen per grading run
     got = observe(ns, _double, x)
     if got != 2 * x:
         raise CheckFailed(f"double({x}) is wrong", hint="multiply by two", expected=2 * x, got=got)
@@ -41,7 +41,7 @@ def doubles(ns):
 
 @check_for("90", "halves", points=2)
 def halves(ns):
-    x = 9 + run_seed(ns) % 100
+    x = 9 + run_seed(ns) % 100_000
     got = observe(ns, _half, x)
     if got != x / 2:
         raise CheckFailed(f"half({x}) is wrong", expected=x / 2, got=got)
@@ -342,3 +342,36 @@ def test_grading_survives_reordered_duplicated_split_and_untagged_cells(tmp_path
     assert scores == {"base": 3, "reordered": 3, "duplicated": 3, "split": 3, "untagged": 3, "deleted": 1,
                       "minor": 3}
     assert all(grades["90"].status == "graded" for grades in table.values())
+
+
+def _replaces_torch(ns: dict) -> int:
+    """Observed next to learner code that replaces torch.compile and the matmul precision, and never restores."""
+    ns["tamper"]()
+    return 1
+
+
+@check_for("91", "learner code replaces torch attributes")
+def _tampered(ns: dict) -> None:
+    observe(ns, _replaces_torch)
+
+
+def test_in_process_grading_puts_back_what_learner_code_replaced_in_torch() -> None:
+    """In-process paths (tests, `check()` in a notebook) share torch with the learner's code: a replaced
+    torch.compile must not outlive the check (it once leaked into later tests of the same pytest worker)."""
+    import torch
+
+    from course_lib.grading.check import check
+    from course_lib.grading.inprocess import observe_and_judge
+
+    original, precision = torch.compile, torch.get_float32_matmul_precision()
+
+    def tamper() -> None:
+        torch.compile = lambda model, **kwargs: model
+        torch.set_float32_matmul_precision("medium" if precision != "medium" else "high")
+
+    ns = {"tamper": tamper}
+    (result,) = observe_and_judge("91", ns)
+    assert result.passed
+    assert torch.compile is original and torch.get_float32_matmul_precision() == precision
+    check("91", ns)
+    assert torch.compile is original and torch.get_float32_matmul_precision() == precision

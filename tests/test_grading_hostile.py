@@ -2,22 +2,27 @@
 
 One class of students is graded once, the way an instructor runs ``python -m course_lib grade`` (sandboxed on
 Linux with bubblewrap); every test reads its part of that one run. The exercise is the toy exercise 90 (instructor
-checks ``double(21) == 42`` and ``half(9) == 4.5``) plus the real exercise 05 for the forgeries aimed at its
-results, so grading stays fast.
+checks ``double(x) == 2 * x`` and ``half(y) == y / 2`` for inputs drawn from the run's seed) plus the real exercise
+05 for the forgeries aimed at its results, so grading stays fast.
 """
 
 from __future__ import annotations
 
+import base64
 import csv
+import io
 import json
+import secrets
 import subprocess
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
-from course_lib.grading import sandbox
+from course_lib.grading import api, sandbox
+from course_lib.grading.api import checks_for
 from course_lib.grading.grade import main as grade_main
 
 from test_grading import TOY_CHECKS, toy_notebook
@@ -131,6 +136,17 @@ if stolen:
 }
 
 
+# Writes the observation files an earlier grading run recorded for a correct notebook (base64), then leaves.
+REPLAY = """
+import base64, os, sys
+out = sys.argv[3] if len(sys.argv) > 3 else "/grading"
+for index, data in enumerate({saved!r}):
+    with open(os.path.join(out, f"observations-{{index}}.pt"), "wb") as f:
+        f.write(base64.b64decode(data))
+os._exit(0)
+"""
+
+
 def _hostile_toy(path: Path, code: str) -> None:
     """A correct toy notebook whose first exercise cell also runs ``code`` when it loads."""
     toy_notebook(path, double_body="return 3 * x")  # wrong on purpose: only forging could score exercise 90 fully
@@ -148,6 +164,22 @@ def graded_class(tmp_path_factory: pytest.TempPathFactory) -> dict:
     subs, out = root / "class", root / "grades.csv"
     toy_notebook(subs / "ada" / "90_toy.ipynb")  # the honest classmate: 3/3
     honest_copy = (subs / "ada" / "90_toy.ipynb").read_bytes()
+    # Observations of a correct notebook recorded the way the worker records them, in an earlier run (another seed),
+    # handed in again by a notebook that writes the files and leaves: in this run the checks ask about other inputs.
+    saved = []
+    api.set_run_seed(secrets.randbelow(2**31))
+    try:
+        for check in checks_for("90", [instructor]):
+            records = api.start_recording()
+            check.func({"double": lambda x: 2 * x, "half": lambda x: x / 2})
+            api.stop_recording()
+            buffer = io.BytesIO()
+            torch.save(records, buffer)
+            saved.append(base64.b64encode(buffer.getvalue()).decode("ascii"))
+    finally:
+        api.stop_recording()
+        api.set_run_seed(0)
+    _hostile_toy(subs / "replay_previous_run" / "90_toy.ipynb", REPLAY.format(saved=saved))
     hostile = {**FORGERIES, **SANDBOXED_FORGERIES, **ESCAPES} if SANDBOXED else FORGERIES
     for name, code in hostile.items():
         code = code.replace("{subs}", str(subs)).replace("{csv}", str(out))
@@ -182,6 +214,12 @@ def test_exiting_before_the_checks_scores_zero(graded_class: dict) -> None:
         assert "ended early" in graded_class["rows"][name]["status"]
     # Observations forged with answers worked out in advance do not match this run's inputs.
     assert graded_class["rows"]["forge_observations"]["ex90"] == "0"
+
+
+def test_observations_replayed_from_an_earlier_run_score_zero(graded_class: dict) -> None:
+    """Real observation files of a correct notebook, recorded by an earlier run, answer other inputs than this run's."""
+    row = graded_class["rows"]["replay_previous_run"]
+    assert row["ex90"] == "0", row
 
 
 def test_the_honest_classmate_is_untouched(graded_class: dict) -> None:

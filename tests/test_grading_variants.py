@@ -154,6 +154,104 @@ WRONG: list[tuple[str, str, str, str]] = [
             return "input-bound" if data_s > compute_s else "compute-bound"
         """, "verdict"),
     # 03: tests/test_variants_ex03.py
+    ("02", "collate pads at the front", """
+        def pad_collate(batch):
+            seqs = [seq for seq, _ in batch]
+            longest = max(len(s) for s in seqs)
+            padded = torch.stack([torch.cat([torch.zeros(longest - len(s), dtype=s.dtype), s]) for s in seqs])
+            return padded, torch.tensor([len(s) for s in seqs]), torch.tensor([label for _, label in batch])
+        """, "pad_collate"),
+    ("02", "lengths measured after padding", """
+        def pad_collate(batch):
+            seqs = [seq for seq, _ in batch]
+            padded = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
+            return padded, torch.tensor([len(row) for row in padded]), torch.tensor([label for _, label in batch])
+        """, "pad_collate"),
+    ("02", "the small last batch kept (no drop_last)", """
+        def epoch_batches(dataset, batch_size, seed):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=pad_collate,
+                              generator=torch.Generator().manual_seed(seed))
+        """, "drop_last"),
+    ("02", "padded to a global maximum length", """
+        _solution_collate = pad_collate
+        def pad_collate(batch):
+            padded, lengths, labels = _solution_collate(batch)
+            return torch.nn.functional.pad(padded, (0, 12 - padded.shape[1])), lengths, labels
+        """, "drop_last"),
+    ("02", "training batches not shuffled", """
+        def epoch_batches(dataset, batch_size, seed):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=True, collate_fn=pad_collate)
+        """, "shuffled"),
+    ("02", "shuffled with the global RNG (seed ignored)", """
+        def epoch_batches(dataset, batch_size, seed):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=pad_collate)
+        """, "shuffled"),
+    ("02", "memory profile without profile_memory=True", """
+        def profile_memory_steps(step_fn, steps=2):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+                for _ in range(steps):
+                    step_fn()
+            return prof
+        """, "memory and input shapes"),
+    ("02", "memory profile without record_shapes=True", """
+        def profile_memory_steps(step_fn, steps=2):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+                for _ in range(steps):
+                    step_fn()
+            return prof
+        """, "memory and input shapes"),
+    ("02", "allocations ranked by total memory (children counted again)", """
+        def top_memory(prof, k=3):
+            rows = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: e.cpu_memory_usage, reverse=True)
+            return [(e.key, str(e.input_shapes), e.self_cpu_memory_usage / 2**20) for e in rows[:k]]
+        """, "top allocations"),
+    ("02", "allocations not grouped by input shape", """
+        def top_memory(prof, k=3):
+            rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_memory_usage, reverse=True)
+            return [(e.key, str(e.input_shapes), e.self_cpu_memory_usage / 2**20) for e in rows[:k]]
+        """, "top allocations"),
+    ("02", "allocations reported in bytes", """
+        def top_memory(prof, k=3):
+            rows = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: e.self_cpu_memory_usage,
+                          reverse=True)
+            return [(e.key, str(e.input_shapes), float(e.self_cpu_memory_usage)) for e in rows[:k]]
+        """, "top allocations"),
+    # ---------------------------------------------------------------- 03
+    ("03", "compile counting without torch._dynamo.reset()", """
+        def count_compiles(model, inputs):
+            graphs = 0
+            def backend(gm, example_inputs):
+                nonlocal graphs
+                graphs += 1
+                return gm.forward
+            compiled = torch.compile(model, backend=backend)
+            for x in inputs:
+                compiled(x)
+            return graphs
+        """, "recompilations"),
+    ("03", "mean instead of median", """
+        def steady_state(times, warmup):
+            if not 0 <= warmup < len(times):
+                raise ValueError("warmup leaves nothing to measure")
+            return statistics.mean(times[warmup:])
+        """, "steady state"),
+    ("03", "speedup upside down", """
+        def speedup(baseline_times, new_times, warmup):
+            return steady_state(new_times, warmup) / steady_state(baseline_times, warmup)
+        """, "speedup"),
+    ("03", "mode passed positionally (a TypeError in torch.compile)", """
+        def compile_model(model, mode="default", backend="inductor"):
+            return torch.compile(model, mode, backend=backend)
+        """, "keyword"),
+    ("03", "TF32 through the CUDA flag only, nothing returned", """
+        def set_tf32(enabled):
+            torch.backends.cuda.matmul.allow_tf32 = enabled
+        """, "TF32"),
+    ("03", "slow steps against the mean", """
+        def slow_steps(times, factor=3.0):
+            mean = statistics.mean(times)
+            return [i for i, t in enumerate(times) if t > factor * mean]
+        """, "slow steps"),
     # ---------------------------------------------------------------- 04
     ("04", "shape test never tries a batch of one", """
         def test_shapes(impl):
@@ -313,6 +411,59 @@ WRONG: list[tuple[str, str, str, str]] = [
                 batch = (batch[0].half(), batch[1])
             return _solution_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm)
         """, "fp32"),
+    ("08", "AMP accumulation: amp_step on every micro-batch", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            results = [amp_step(model, b, optimizer, scaler, device, amp_dtype, max_norm) for b in micro_batches]
+            return {"loss": sum(r["loss"] for r in results) / len(results), "grad_norm": results[-1]["grad_norm"]}
+        """, "one step"),
+    ("08", "AMP accumulation: scaler.update() after every micro-batch", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            optimizer.zero_grad(set_to_none=True)
+            count = sum(len(y) for _, y in micro_batches)
+            for x, y in micro_batches:
+                scaler.scale(F.cross_entropy(model(x), y, reduction="sum") / count).backward()
+                scaler.update()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            return {"loss": 0.0, "grad_norm": float(norm)}
+        """, "updates once"),
+    ("08", "AMP accumulation: only the last micro-batch's loss scaled", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            optimizer.zero_grad(set_to_none=True)
+            count = sum(len(y) for _, y in micro_batches)
+            for i, (x, y) in enumerate(micro_batches):
+                loss = F.cross_entropy(model(x), y, reduction="sum") / count
+                (scaler.scale(loss) if i == len(micro_batches) - 1 else loss).backward()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            return {"loss": 0.0, "grad_norm": float(norm)}
+        """, "big batch"),
+    ("08", "AMP accumulation: micro-batch means divided by their number", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            optimizer.zero_grad(set_to_none=True)
+            for x, y in micro_batches:
+                scaler.scale(F.cross_entropy(model(x), y) / len(micro_batches)).backward()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            return {"loss": 0.0, "grad_norm": float(norm)}
+        """, "big batch"),
+    ("08", "AMP accumulation: optimizer.step() (an overflowing group is applied)", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            optimizer.zero_grad(set_to_none=True)
+            count = sum(len(y) for _, y in micro_batches)
+            for x, y in micro_batches:
+                scaler.scale(F.cross_entropy(model(x), y, reduction="sum") / count).backward()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            optimizer.step()
+            scaler.update()
+            return {"loss": 0.0, "grad_norm": float(norm)}
+        """, "overflow skips"),
     # ---------------------------------------------------------------- 09
     ("09", "mean of batch means", """
         @torch.inference_mode()
@@ -429,6 +580,20 @@ WRONG: list[tuple[str, str, str, str]] = [
             model.load_state_dict(trainer.lightning_module.state_dict())
             return model
         """, "load_best"),
+    ("12", "tamper: the check's torch.load made to read an empty best checkpoint", """
+        _solution_callbacks = make_callbacks
+        def make_callbacks(dirpath, patience=3, min_delta=1e-3):
+            real_load = torch.load
+            def emptied(*args, **kwargs):
+                out = real_load(*args, **kwargs)
+                if isinstance(out, dict) and "state_dict" in out:
+                    out["state_dict"] = {}
+                return out
+            torch.load = emptied
+            return _solution_callbacks(dirpath, patience, min_delta)
+        def load_best(trainer, cls):
+            return cls(lr=trainer.lightning_module.hparams.lr)
+        """, "load_best"),
     # ---------------------------------------------------------------- 13
     ("13", "ReLU and dropout after the last layer", """
         class StackMLP(nn.Module):
@@ -520,11 +685,53 @@ RIGHT: list[tuple[str, str, str]] = [
                 samples += x.shape[0]
             return samples / (clock() - start)
         """),
+    ("02", "padding by hand; RandomSampler and BatchSampler(drop_last=True)", """
+        def pad_collate(batch):
+            longest = max(len(seq) for seq, _ in batch)
+            padded = torch.zeros(len(batch), longest, dtype=torch.long)
+            for row, (seq, _) in enumerate(batch):
+                padded[row, : len(seq)] = seq
+            return padded, torch.tensor([len(seq) for seq, _ in batch]), torch.tensor([y for _, y in batch])
+
+        def epoch_batches(dataset, batch_size, seed):
+            from torch.utils.data import BatchSampler, RandomSampler
+            sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+            return DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch_size, drop_last=True),
+                              collate_fn=pad_collate)
+        """),
+    ("03", "count_compiles with torch._dynamo's CompileCounter", """
+        def count_compiles(model, inputs):
+            from torch._dynamo.testing import CompileCounter
+            torch._dynamo.reset()
+            counter = CompileCounter()
+            compiled = torch.compile(model, backend=counter)
+            for x in inputs:
+                compiled(x)
+            return counter.frame_count
+        """),
     ("06", "param groups in the other order, no-decay first", """
         def param_groups(model, wd):
             params = [p for p in model.parameters() if p.requires_grad]
             return [{"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
                     {"params": [p for p in params if p.dim() >= 2], "weight_decay": wd}]
+        """),
+    ("07", "batches materialised and sliced into groups, targets counted with y.ne(-100)", """
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            model.train()
+            batches = list(loader)
+            total, count, sizes = 0.0, 0, []
+            for start in range(0, len(batches), microbatches):
+                group = batches[start:start + microbatches]
+                targets = sum(int(y.ne(-100).sum()) for _, y in group)
+                optimizer.zero_grad()
+                for x, y in group:
+                    loss = F.cross_entropy(model(x.to(device)), y.to(device), reduction="sum")
+                    (loss / targets).backward()
+                    total += float(loss)
+                optimizer.step()
+                count += targets
+                sizes.append(targets)
+            return {"loss": total / count, "steps": len(sizes), "group_sizes": sizes}
         """),
     ("08", "autocast written with enabled=, dtype defaulted", """
         def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
@@ -538,6 +745,22 @@ RIGHT: list[tuple[str, str, str]] = [
             scaler.step(optimizer)
             scaler.update()
             return {"loss": float(loss.detach()), "grad_norm": float(norm)}
+        """),
+    ("08", "AMP accumulation: mean loss weighted by the micro-batch's share, gradients zeroed after the step", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            count = sum(y.numel() for _, y in micro_batches)
+            losses = []
+            for x, y in micro_batches:
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    loss = F.cross_entropy(model(x), y) * (y.numel() / count)
+                scaler.scale(loss).backward()
+                losses.append(loss.item())
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            return {"loss": sum(losses), "grad_norm": norm.item()}
         """),
     ("09", "torch.no_grad() instead of inference_mode", """
         @torch.no_grad()

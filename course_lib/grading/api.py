@@ -51,9 +51,10 @@ import pkgutil
 import re
 import sys
 import traceback
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -206,6 +207,37 @@ def _raised_record(key: str, exc: BaseException) -> dict[str, Any]:
             "message": f"your code raised {type(exc).__name__}: {exc}{where}{_learner_frame(exc)}"}
 
 
+# Modules whose attributes learner code (or a check's spy) may replace while it runs: put back afterwards, so one
+# check, or one in-process grading (tests, a notebook), never changes what the next one calls (torch.compile...).
+_GUARDED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.nn.utils", "torch.optim", "torch.amp",
+                    "torch.utils.data", "torch.profiler", "torch.backends", "course_lib.device")
+
+
+@contextmanager
+def preserved_globals() -> Iterator[None]:
+    """Restore the attributes of torch's main modules (and a few global settings) to what they were on entry.
+
+    Attributes replaced inside the block (``torch.compile = spy``) get their original object back; attributes
+    added are left alone (imports add submodules). The float32 matmul precision and the default dtype, which
+    exercises change through torch's setters, are restored too.
+    """
+    saved = {name: dict(vars(sys.modules[name])) for name in _GUARDED_MODULES if name in sys.modules}
+    precision, dtype = torch.get_float32_matmul_precision(), torch.get_default_dtype()
+    try:
+        yield
+    finally:
+        for name, before in saved.items():
+            now = vars(sys.modules[name])
+            for key, value in before.items():
+                if now.get(key, _MISSING) is not value:
+                    setattr(sys.modules[name], key, value)
+        torch.set_float32_matmul_precision(precision)
+        torch.set_default_dtype(dtype)
+
+
+_MISSING = object()
+
+
 def observe(ns: Mapping[str, Any] | Replay, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``fn(ns, *args, **kwargs)`` next to the learner's code and return its result (plain data).
 
@@ -222,7 +254,8 @@ def observe(ns: Mapping[str, Any] | Replay, fn: Callable[..., Any], *args: Any, 
         return record.get("value")
     recording = _recording
     try:
-        value = as_data(fn(ns, *args, **kwargs))  # in a notebook too, so a check behaves the same everywhere
+        with preserved_globals():
+            value = as_data(fn(ns, *args, **kwargs))  # in a notebook too, so a check behaves the same everywhere
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the same exception in a notebook, in the sandbox and in the grader

@@ -54,6 +54,8 @@ class NotebookGrade:
     status: str = GRADED
     uses_reference: list[str] = field(default_factory=list)  # course_lib functions the exercise code uses
     output_tail: str = ""
+    seed: int = 0  # the inputs' seed of this grading run
+    observations: list[list[dict[str, Any]] | None] = field(default_factory=list)  # per check, as loaded
 
     @property
     def earned(self) -> int:
@@ -103,13 +105,17 @@ def _tail(path: Path, chars: int = 300) -> str:
     return printable(" ".join(text[-chars:].split()))
 
 
+def _grade_mode() -> str:
+    return os.environ.get("COURSE_GRADE_MODE", "smoke")
+
+
 def _child_env(threads: int) -> dict[str, str]:
     """A small, explicit environment: nothing of the grader's (tokens, paths) leaks into learner code."""
     keep = ("LANG", "LC_ALL", "TZ", "COURSE_DATA_DIR", "CUDA_VISIBLE_DEVICES")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update({
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
-        "COURSE_MODE": os.environ.get("COURSE_GRADE_MODE", "smoke"),  # checks test behaviour, not scale
+        "COURSE_MODE": _grade_mode(),  # checks test behaviour, not scale
         "PYTHONPATH": str(_PACKAGE_ROOT),
         "MPLBACKEND": "Agg",
         "OMP_NUM_THREADS": str(threads),
@@ -191,6 +197,9 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
         return NotebookGrade(number, [_failed(c, str(exc), "open the notebook in Jupyter and save it again")
                                       for c in checks], INVALID)
     uses = reference_uses(nb, number)
+    # Judge in the mode the child observes in (smoke unless COURSE_GRADE_MODE says otherwise): the checks build their
+    # references with the same by_mode sizes as the observed runs.
+    os.environ["COURSE_MODE"] = _grade_mode()
     limits = limits or sandbox.Limits(cpu_s=int(timeout_s * max(1, threads)) + 30)
     workdir = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-"))
     seed = secrets.randbelow(2**31)
@@ -207,9 +216,10 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
             missing = f"the grading process ended before this check was observed (exit code {returncode})"
             hint = "does your code call os._exit or sys.exit, kill its own process, use too much memory or print " \
                    "too much?" + (f" last output: {tail}" if tail else "")
-        results = []
+        results, observations = [], []
         for index, check in enumerate(checks):
             records = _load_observations(out_dir, index, limits.file_mb << 20)
+            observations.append(records)
             if records is None:
                 results.append(_failed(check, missing, hint))
                 if returncode is not None:
@@ -220,7 +230,7 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
         for result in results:  # name the learner's file, not the temporary copy
             result.message = result.message.replace(str(workdir / "scratch" / Path(path).name), str(path))
             result.message = result.message.replace(f"{sandbox.SCRATCH}/{Path(path).name}", str(path))
-        return NotebookGrade(number, results, status, uses, tail)
+        return NotebookGrade(number, results, status, uses, tail, seed, observations)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -6,14 +6,15 @@ import contextlib
 import dataclasses
 import io
 import math
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 
 
 @dataclass
@@ -36,29 +37,34 @@ def _fields(value: Any) -> Any:
     return {f.name: [getattr(value, f.name), type(getattr(value, f.name)).__name__] for f in dataclasses.fields(_Probe)}
 
 
-_TYPE_CASES: list[tuple[list[str], _Probe]] = [
-    ([], _Probe()),
-    (["--depth", "7", "--rate", "0.25"], _Probe(depth=7, rate=0.25)),
-    (["--name", "run-2", "--warm-steps", "11"], _Probe(name="run-2", warm_steps=11)),
-    (["--fast"], _Probe(fast=True)),
-    (["--fast", "--no-fast"], _Probe(fast=False)),
-    (["--limit", "40", "--scale", "none"], _Probe(limit=40, scale=None)),
-    (["--limit", "none", "--rate", "1e-3"], _Probe(limit=None, rate=1e-3)),
-]
+def _type_cases(seed: int) -> list[tuple[list[str], _Probe]]:
+    """Command lines and the configs they mean; the numbers differ in every grading run."""
+    depth, warm, limit = 4 + seed % 50, 10 + seed % 30, 20 + seed % 70
+    rate = round(0.05 + seed % 89 / 100, 2)
+    return [
+        ([], _Probe()),
+        (["--depth", str(depth), "--rate", str(rate)], _Probe(depth=depth, rate=rate)),
+        (["--name", f"run-{seed % 9}", "--warm-steps", str(warm)], _Probe(name=f"run-{seed % 9}", warm_steps=warm)),
+        (["--fast"], _Probe(fast=True)),
+        (["--fast", "--no-fast"], _Probe(fast=False)),
+        (["--limit", str(limit), "--scale", "none"], _Probe(limit=limit, scale=None)),
+        (["--limit", "none", "--rate", "1e-3"], _Probe(limit=None, rate=1e-3)),
+    ]
 
 
-def _parsed(ns: dict[str, Any]) -> list[Any]:
+def _parsed(ns: dict[str, Any], cases: list[tuple[list[str], _Probe]]) -> list[Any]:
     parse = need(ns, "parse_overrides", "define `parse_overrides(argv, cls=TrainConfig)` in the exercise cell")
-    return [_fields(call(parse, list(argv), _Probe)) for argv, _ in _TYPE_CASES]
+    return [_fields(call(parse, list(argv), _Probe)) for argv, _ in cases]
 
 
 @check_for("01", "overrides parsed with the fields' types")
 def override_types(ns: dict[str, Any]) -> None:
-    for (argv, expected), got in zip(_TYPE_CASES, observe(ns, _parsed)):
+    cases = _type_cases(run_seed(ns))
+    for (argv, expected), got in zip(cases, observe(ns, _parsed, cases)):
         if got != _fields(expected):
             hint = "convert each value with the field's type (typing.get_type_hints(cls): with `from __future__ " \
                    "import annotations`, field.type is only a string)"
-            if "--warm-steps" in argv and got.get("warm_steps", [None])[0] != 11:
+            if "--warm-steps" in argv and got.get("warm_steps", [None])[0] != expected.warm_steps:
                 hint = "flags use dashes for underscores: --warm-steps sets warm_steps"
             if "--fast" in argv and got.get("fast", [None])[0] != expected.fast:
                 hint = "booleans are switches: --fast sets True, --no-fast sets False"
@@ -67,14 +73,22 @@ def override_types(ns: dict[str, Any]) -> None:
                               expected={k: _fields(expected).get(k) for k in wrong}, got=wrong)
 
 
-_ERROR_CASES = ((["--dpeth", "7"], "a misspelt flag"), (["--depth"], "a flag without its value"),
-                (["--depth", "seven"], "a value of the wrong type"), (["7"], "a value without a flag"))
+# Misspelt flags, none of them part of a real flag's name (an error message may list the real ones).
+_MISSPELT = ("dpeth", "detph", "rtae", "rtea", "lmiit", "scael", "wram-steps", "fsat")
 
 
-def _errors(ns: dict[str, Any]) -> list[list[str]]:
+def _error_cases(seed: int) -> list[tuple[list[str], str]]:
+    """Malformed command lines; the misspelt flag and the values differ in every grading run."""
+    value = str(3 + seed % 40)
+    return [([f"--{_MISSPELT[seed % len(_MISSPELT)]}", value], "a misspelt flag"),
+            (["--depth"], "a flag without its value"), (["--depth", "seven"], "a value of the wrong type"),
+            ([value], "a value without a flag")]
+
+
+def _errors(ns: dict[str, Any], cases: list[tuple[list[str], str]]) -> list[list[str]]:
     parse = need(ns, "parse_overrides", "define `parse_overrides(argv, cls=TrainConfig)` in the exercise cell")
     outcomes = []
-    for argv, _ in _ERROR_CASES:
+    for argv, _ in cases:
         try:
             got = parse(list(argv), _Probe)
         except ValueError as exc:
@@ -90,10 +104,13 @@ def _errors(ns: dict[str, Any]) -> list[list[str]]:
 
 @check_for("01", "unknown or malformed flags are errors")
 def override_errors(ns: dict[str, Any]) -> None:
-    for (argv, why), (kind, text) in zip(_ERROR_CASES, observe(ns, _errors)):
+    cases = _error_cases(run_seed(ns))
+    for (argv, why), (kind, text) in zip(cases, observe(ns, _errors, cases)):
         if kind == "ValueError":
-            if why == "a misspelt flag" and "dpeth" not in text:
-                raise CheckFailed("the error for an unknown flag should name it", expected="...dpeth...", got=text)
+            misspelt = argv[0][2:]
+            if why == "a misspelt flag" and misspelt not in text:
+                raise CheckFailed("the error for an unknown flag should name it", expected=f"...{misspelt}...",
+                                  got=text)
             continue
         if kind == "SystemExit":
             raise CheckFailed(f"{why} ({argv}) should raise ValueError, not exit the program",
@@ -103,17 +120,19 @@ def override_errors(ns: dict[str, Any]) -> None:
                           expected="ValueError", got=text if kind == "returned" else kind)
 
 
-def _round_trip_configs() -> list[Any]:
+def _round_trip_configs(seed: int) -> list[Any]:
+    """Two configs the notebook does not show; the numbers differ in every grading run."""
     from course_lib.train.config import TrainConfig
 
-    return [TrainConfig(lr=0.02, steps=30, eval_every=15, clip=0.5, out="elsewhere/run", seed=4),
-            TrainConfig(steps=9, bs=3, compile=True, model="net", warmup=0)]
+    return [TrainConfig(lr=round(0.01 + seed % 97 / 1000, 3), steps=30 + seed % 20, eval_every=15, clip=0.5,
+                        out=f"elsewhere/run{seed % 10}", seed=4 + seed % 1000),
+            TrainConfig(steps=9 + seed % 5, bs=3 + seed % 4, compile=True, model="net", warmup=0)]
 
 
-def _argvs(ns: dict[str, Any]) -> list[Any]:
+def _argvs(ns: dict[str, Any], configs: list[Any]) -> list[Any]:
     to_argv = need(ns, "to_argv", "define `to_argv(cfg)` in the exercise cell")
     out = []
-    for cfg in _round_trip_configs():
+    for cfg in configs:
         argv = call(to_argv, cfg)
         out.append(list(argv) if isinstance(argv, (list, tuple)) and all(isinstance(a, str) for a in argv)
                    else one_line(argv))
@@ -124,7 +143,8 @@ def _argvs(ns: dict[str, Any]) -> list[Any]:
 def argv_round_trip(ns: dict[str, Any]) -> None:
     from course_lib.train.cli import build_parser, config_from_args
 
-    for cfg, argv in zip(_round_trip_configs(), observe(ns, _argvs)):
+    configs = _round_trip_configs(run_seed(ns))
+    for cfg, argv in zip(configs, observe(ns, _argvs, configs)):
         if not isinstance(argv, list):
             raise CheckFailed("to_argv should return a list of strings for subprocess", got=argv)
         errors = io.StringIO()
@@ -162,8 +182,11 @@ def _same(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
 
 # Two runs the notebook does not show: checkpoints every 4 steps of 8 (half-way = 4), every 3 of 10 (the first
 # checkpoint at or past half-way is step 6, not 10 // 2).
-_RUNS = (dict(steps=8, eval_every=4, log_every=1, bs=8, device="cpu", seed=3, lr=3e-3),
-         dict(steps=10, eval_every=3, log_every=1, bs=8, device="cpu", seed=5, lr=2e-3))
+def _runs(seed: int) -> tuple[dict[str, Any], ...]:
+    """The two runs; their training seed and learning rate (so every metric) differ in every grading run."""
+    return (dict(steps=8, eval_every=4, log_every=1, bs=8, device="cpu", seed=3 + seed % 1000, lr=3e-3),
+            dict(steps=10, eval_every=3, log_every=1, bs=8, device="cpu", seed=5 + seed % 1000,
+                 lr=round(1e-3 + seed % 7 * 5e-4, 5)))
 _MARK = "written_before_the_kill"
 
 
@@ -172,13 +195,30 @@ def _halfway(run: dict[str, Any]) -> int:
     return -(-(run["steps"] // 2) // every) * every
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread here and in the training processes started meanwhile: sums then add up in the same order
+    in the sandbox and in the grader, so the runs compare exactly whatever the machine's and the grader's threads."""
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
+
+
 def _kill_and_resume(ns: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     kill = need(ns, "kill_at_halfway", "define `kill_at_halfway(cfg)` in the exercise cell")
     resume = need(ns, "resume", "define `resume(cfg)` in the exercise cell")
     from course_lib.train.checkpoint import atomic_torch_save, read_checkpoint
     from course_lib.train.config import TrainConfig
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _one_thread():
         cfg = TrainConfig(**run, out=str(Path(tmp) / "interrupted"))
         step = call(kill, cfg)
         ckpt = Path(cfg.out) / "ckpt.pt"
@@ -202,7 +242,7 @@ def kill_and_resume(ns: dict[str, Any]) -> None:
     from course_lib.train import run as train_run
     from course_lib.train.config import TrainConfig
 
-    for run in _RUNS:
+    for run in _runs(run_seed(ns)):
         got = observe(ns, _kill_and_resume, run)
         shown = f"steps={run['steps']}, a checkpoint every {run['eval_every']}"
         if got["step"] != _halfway(run) or got["on_disk"] != got["step"]:
@@ -214,8 +254,9 @@ def kill_and_resume(ns: dict[str, Any]) -> None:
         if not isinstance(got["history"], list) or not got["history"]:
             raise CheckFailed("resume(cfg) should return the run's history (a list of metric dicts)",
                               got=got["history"])
+        # The reference run's progress is not the grader's output.
         with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):  # the reference run's progress is not the grader's output
+                contextlib.redirect_stderr(io.StringIO()), _one_thread():
             want = _comparable(train_run(TrainConfig(**run, out=str(Path(tmp) / "reference"))))
         history = [tuple(r) for r in got["history"]]
         if not _same(want, history):

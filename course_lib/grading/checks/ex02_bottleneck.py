@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 
 # ------------------------------------------------------------------ loader_config
 
 
-_MACHINES = [(cores, device_type) for cores in (1, 2, 3, 16) for device_type in ("cpu", "cuda", "mps")]
+def _machines(seed: int) -> list[tuple[int, str]]:
+    """One core, two, and two larger counts that differ in every grading run, with each device, shuffled."""
+    counts = (1, 2, 3 + seed % 6, 9 + seed % 40)
+    machines = [(cores, device_type) for cores in counts for device_type in ("cpu", "cuda", "mps")]
+    random.Random(seed).shuffle(machines)  # the answers come back in this run's order
+    return machines
 
 
-def _loader_configs(ns: dict[str, Any]) -> list[Any]:
+def _loader_configs(ns: dict[str, Any], machines: list[tuple[int, str]]) -> list[Any]:
     loader_config = need(ns, "loader_config", "define `loader_config(cores, device_type)` in the exercise cell")
     configs = []
-    for cores, device_type in _MACHINES:
+    for cores, device_type in machines:
         cfg = call(loader_config, cores, device_type)
         data_like = isinstance(cfg, dict) and all(v is None or isinstance(v, (bool, int, float, str))
                                                   for v in cfg.values())
@@ -29,7 +35,8 @@ def _loader_configs(ns: dict[str, Any]) -> list[Any]:
 
 @check_for("02", "loader settings legal on any machine")
 def loader_settings(ns: dict[str, Any]) -> None:
-    for (cores, device_type), cfg in zip(_MACHINES, observe(ns, _loader_configs)):
+    machines = _machines(run_seed(ns))
+    for (cores, device_type), cfg in zip(machines, observe(ns, _loader_configs, machines)):
         where = f"loader_config({cores}, {device_type!r})"
         if not isinstance(cfg, dict):
             raise CheckFailed(f"{where} should return a dict", got=cfg)
@@ -89,11 +96,17 @@ class _CountingLoader:
         return len(self.sizes)
 
 
-def _rates(ns: dict[str, Any]) -> dict[str, Any]:
+def _rate_inputs(seed: int) -> tuple[list[int], float]:
+    """Batch sizes (the third one short) and seconds per batch, different in every grading run."""
+    full = 4 + seed % 5
+    return [full, full, full - 1 - seed % 3, full, full, full], 0.25 * (1 + seed % 4)
+
+
+def _rates(ns: dict[str, Any], sizes: list[int], seconds: float) -> dict[str, Any]:
     fn = need(ns, "samples_per_second",
               "define `samples_per_second(loader, n_batches, clock=time.perf_counter)` in the exercise cell")
     clock = _FakeClock()
-    loader = _CountingLoader([6, 6, 5, 6, 6, 6], clock)
+    loader = _CountingLoader(sizes, clock, seconds)
     got = call(fn, loader, 3, clock=clock)
     short = _CountingLoader([4, 4], _FakeClock())
     try:
@@ -109,20 +122,22 @@ def _rates(ns: dict[str, Any]) -> dict[str, Any]:
 
 @check_for("02", "samples/s counts samples over the measured batches")
 def samples_rate(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _rates)
+    sizes, seconds = _rate_inputs(run_seed(ns))
+    seen = observe(ns, _rates, sizes, seconds)
     got = seen["got"]
-    expected = (6 + 6 + 5) / (3 * 0.5)
+    expected = sum(sizes[:3]) / (3 * seconds)
     if seen["produced"] > 3:
         raise CheckFailed("stop after n_batches: the loader was read further than asked",
                           hint="break out of the loop once n_batches batches have arrived",
                           expected="3 batches read", got=f"{seen['produced']} batches read")
     if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=1e-6):
         hint = "count the samples in each batch (len(x)), not the tensors in the (x, y) tuple"
-        if isinstance(got, (int, float)) and math.isclose(got, 3 * 2 / 1.5, rel_tol=1e-6):
+        if isinstance(got, (int, float)) and math.isclose(got, 3 * 2 / (3 * seconds), rel_tol=1e-6):
             hint = "len(batch) is 2 for an (x, y) tuple: count len(x) instead"
-        elif isinstance(got, (int, float)) and math.isclose(got, 3 * 6 / 1.5, rel_tol=1e-6):
+        elif isinstance(got, (int, float)) and math.isclose(got, 3 * sizes[0] / (3 * seconds), rel_tol=1e-6):
             hint = "the third batch is smaller: add up the real batch sizes instead of n_batches * batch_size"
-        raise CheckFailed("samples per second is off for batches of 6, 6 and 5 arriving every 0.5 s",
+        raise CheckFailed(f"samples per second is off for batches of {sizes[0]}, {sizes[1]} and {sizes[2]} arriving "
+                          f"every {seconds} s",
                           hint=hint, expected=expected, got=got)
     if seen["too_few"] != "ValueError":
         raise CheckFailed("a loader with fewer batches than n_batches should raise ValueError",
@@ -133,7 +148,7 @@ def samples_rate(ns: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ profile_steps
 
 
-def _profiled(ns: dict[str, Any]) -> dict[str, Any]:
+def _profiled(ns: dict[str, Any], warmup: int, active: int) -> dict[str, Any]:
     fn = need(ns, "profile_steps", "define `profile_steps(step_fn, warmup=1, active=3)` in the exercise cell")
     calls = []
     g = torch.Generator().manual_seed(0)
@@ -143,7 +158,7 @@ def _profiled(ns: dict[str, Any]) -> dict[str, Any]:
         calls.append(1)
         torch.mm(a, b)
 
-    prof = call(fn, step, warmup=2, active=4)
+    prof = call(fn, step, warmup=warmup, active=active)
     if prof is None or not hasattr(prof, "key_averages"):
         return {"calls": len(calls), "returned": type(prof).__name__, "mm": None}
     return {"calls": len(calls), "returned": "profile",
@@ -152,20 +167,21 @@ def _profiled(ns: dict[str, Any]) -> dict[str, Any]:
 
 @check_for("02", "profiler records only the active steps")
 def profiler_schedule(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _profiled)
-    if seen["calls"] != 6:
-        raise CheckFailed("run the step warmup + active times", expected=6, got=seen["calls"])
+    warmup, active = 1 + run_seed(ns) % 3, 2 + run_seed(ns) // 3 % 4  # different in every grading run
+    seen = observe(ns, _profiled, warmup, active)
+    if seen["calls"] != warmup + active:
+        raise CheckFailed("run the step warmup + active times", expected=warmup + active, got=seen["calls"])
     if seen["returned"] != "profile":
         raise CheckFailed("return the torch.profiler.profile object", got=seen["returned"])
-    if seen["mm"] != 4:
+    if seen["mm"] != active:
         raise CheckFailed(
-            "the profile should hold the 4 active steps only (warm-up steps are not recorded)",
+            f"the profile should hold the {active} active steps only (warm-up steps are not recorded)",
             hint="schedule=torch.profiler.schedule(wait=0, warmup=warmup, active=active, repeat=1) and prof.step() "
                  "after every step; without repeat=1 the schedule starts a new cycle after the last step and the "
                  "recorded events are gone" if seen["mm"] == 0 else
                  "record only the active steps: pass schedule=torch.profiler.schedule(wait=0, warmup=warmup, "
                  "active=active, repeat=1) and call prof.step() after every step",
-            expected="aten::mm x 4", got=f"aten::mm x {seen['mm']}")
+            expected=f"aten::mm x {active}", got=f"aten::mm x {seen['mm']}")
 
 
 # ------------------------------------------------------------------ top_ops
@@ -201,9 +217,20 @@ _EVENTS = [
 ]
 
 
-def _tops(ns: dict[str, Any]) -> dict[str, Any]:
+def _events(seed: int) -> list[_Event]:
+    """The events above with self times (and totals) scaled per op, differently in every grading run."""
+    draw = random.Random(seed)
+    leaves = [e for e in _EVENTS if e.key not in ("step", "aten::linear")]
+    scales = {e.key: draw.uniform(0.5, 1.5) for e in leaves}
+    scaled = [_Event(e.key, round(e.self_cpu_time_total * scales[e.key], 1),
+                     round(e.cpu_time_total * scales[e.key], 1)) for e in leaves]
+    draw.shuffle(scaled)
+    return [_EVENTS[0], _EVENTS[1], *scaled]
+
+
+def _tops(ns: dict[str, Any], events: list[_Event], k: int) -> dict[str, Any]:
     fn = need(ns, "top_ops", "define `top_ops(prof, k=5)` in the exercise cell")
-    got = call(fn, _FakeProfile(_EVENTS), k=3)
+    got = call(fn, _FakeProfile(events), k=k)
     if isinstance(got, (list, tuple)) and all(isinstance(i, (list, tuple)) and len(i) == 2 for i in got):
         return [[one_line(name) if not isinstance(name, str) else name,
                  float(ms) if isinstance(ms, (int, float)) else one_line(ms)] for name, ms in got]
@@ -212,9 +239,9 @@ def _tops(ns: dict[str, Any]) -> dict[str, Any]:
 
 @check_for("02", "top operations by self time, in ms")
 def top_operations(ns: dict[str, Any]) -> None:
-    fake = _FakeProfile(_EVENTS)
-    expected = _reference_top(fake, 3)
-    got = observe(ns, _tops)
+    events, k = _events(run_seed(ns)), 3 + run_seed(ns) % 2
+    expected = _reference_top(_FakeProfile(events), k)
+    got = observe(ns, _tops, events, k)
     got_list = [tuple(item) for item in got] if isinstance(got, (list, tuple)) else got
     names = [n for n, _ in got_list] if isinstance(got_list, list) and all(len(i) == 2 for i in got_list) else None
     if names is None:
@@ -240,9 +267,21 @@ _CASES = [((3.0, 1.0), "input-bound"), ((0.2, 2.5), "compute-bound"), ((1.5, 1.5
 _INVALID = ((-1.0, 1.0), (1.0, -0.5), (0.0, 0.0))
 
 
-def _verdicts(ns: dict[str, Any]) -> dict[str, Any]:
+def _cases(seed: int) -> list[tuple[tuple[float, float], str]]:
+    """The cases above scaled by a factor, plus six drawn at random, shuffled: different in every grading run."""
+    draw = random.Random(seed)
+    scale = 0.5 + (seed % 50) / 10
+    cases = [((data * scale, compute * scale), answer) for (data, compute), answer in _CASES]
+    for _ in range(6):
+        data, compute = round(draw.uniform(0.01, 5.0), 3), round(draw.uniform(0.01, 5.0), 3)
+        cases.append(((data, compute), "input-bound" if data >= compute else "compute-bound"))
+    draw.shuffle(cases)
+    return cases
+
+
+def _verdicts(ns: dict[str, Any], cases: list[tuple[tuple[float, float], str]]) -> dict[str, Any]:
     fn = need(ns, "verdict", "define `verdict(data_s, compute_s)` in the exercise cell")
-    answers = [one_line(call(fn, *args)) for args, _ in _CASES]
+    answers = [one_line(call(fn, *args)) for args, _ in cases]
     rejected = []
     for bad in _INVALID:
         try:
@@ -257,8 +296,9 @@ def _verdicts(ns: dict[str, Any]) -> dict[str, Any]:
 
 @check_for("02", "verdict from the measured split")
 def verdict_rule(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _verdicts)
-    for (args, expected), got in zip(_CASES, seen["answers"]):
+    cases = _cases(run_seed(ns))
+    seen = observe(ns, _verdicts, cases)
+    for (args, expected), got in zip(cases, seen["answers"]):
         if got != repr(expected):
             raise CheckFailed(f"verdict(data_s={args[0]}, compute_s={args[1]}) is wrong",
                               hint="input-bound when the step waits for data at least as long as it computes",
@@ -267,3 +307,223 @@ def verdict_rule(ns: dict[str, Any]) -> None:
         if outcome != "ValueError":
             raise CheckFailed(f"verdict{bad} should raise ValueError (negative times, or nothing measured)",
                               hint="check the inputs before deciding", expected="ValueError", got=outcome)
+
+
+# ------------------------------------------------------------------ batches: collate_fn, drop_last, shuffle
+
+
+def _sequences(seed: int, n: int) -> list[tuple[torch.Tensor, int]]:
+    """``n`` items ``(token ids of length 1..9, label = the item's index)``: the label shows where a batch came from."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 10, (n,), generator=g).tolist()
+    return [(torch.randint(1, 50, (length,), generator=g), i) for i, length in enumerate(lengths)]
+
+
+def _reference_collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seqs = [s for s, _ in batch]
+    padded = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=0)
+    return padded, torch.tensor([len(s) for s in seqs]), torch.tensor([label for _, label in batch])
+
+
+def _as_tensors(out: Any) -> Any:
+    if isinstance(out, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in out):
+        return [t.detach() for t in out]
+    return one_line(out)
+
+
+def _collated(ns: dict[str, Any], seed: int) -> Any:
+    fn = need(ns, "pad_collate", "define `pad_collate(batch)` in the exercise cell")
+    return _as_tensors(call(fn, _sequences(seed, 5)))
+
+
+@check_for("02", "pad_collate pads to the longest, keeps the lengths")
+def collate_padding(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    got = observe(ns, _collated, seed)
+    expected = list(_reference_collate(_sequences(seed, 5)))
+    if not isinstance(got, list) or len(got) != 3:
+        raise CheckFailed("pad_collate should return three tensors: (padded, lengths, labels)", got=got)
+    names = ("padded", "lengths", "labels")
+    for name, want, have in zip(names, expected, got):
+        if have.shape != want.shape or not torch.equal(have.to(want.dtype), want):
+            hint = {"padded": "pad every sequence at the end with 0 up to the longest one in *this* batch "
+                              "(torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True))",
+                    "lengths": "record each sequence's length before padding",
+                    "labels": "stack the labels in the batch's order"}[name]
+            raise CheckFailed(f"pad_collate's {name} is wrong for sequences of lengths "
+                              f"{expected[1].tolist()}", hint=hint, expected=want.tolist(), got=have.tolist())
+
+
+def _epochs(ns: dict[str, Any], seed: int, n: int, batch_size: int) -> Any:
+    fn = need(ns, "epoch_batches", "define `epoch_batches(dataset, batch_size, seed)` in the exercise cell")
+    data = _sequences(seed, n)
+    runs = []
+    for loader_seed in (seed, seed, seed + 1):
+        batches = []
+        for batch in call(fn, data, batch_size, loader_seed):
+            if not isinstance(batch, (list, tuple)) or len(batch) != 3:
+                return {"batch": one_line(batch)}
+            padded, _, labels = batch
+            batches.append({"labels": [int(v) for v in labels], "width": int(padded.shape[1])})
+        runs.append(batches)
+    return {"runs": runs}
+
+
+def _epoch_inputs(seed: int) -> tuple[int, int]:
+    """Dataset size and batch size (the last batch is always incomplete), different in every grading run."""
+    batch_size = 4 + seed % 3
+    return batch_size * (4 + seed % 3) + 1 + seed % (batch_size - 1), batch_size
+
+
+@check_for("02", "epoch loader: full batches only (drop_last)")
+def epoch_drop_last(ns: dict[str, Any]) -> None:
+    n, batch_size = _epoch_inputs(run_seed(ns))
+    seen = observe(ns, _epochs, run_seed(ns), n, batch_size)
+    if "runs" not in seen:
+        raise CheckFailed("each batch should be pad_collate's (padded, lengths, labels)",
+                          hint="DataLoader(..., collate_fn=pad_collate)", got=seen["batch"])
+    sizes = [len(b["labels"]) for b in seen["runs"][0]]
+    if sizes != [batch_size] * (n // batch_size):
+        raise CheckFailed(f"{n} samples in batches of {batch_size}: training should see only full batches (a small "
+                          "last batch gives a noisier step and, with BatchNorm, can even fail)",
+                          hint="DataLoader(..., drop_last=True)", expected=[batch_size] * (n // batch_size), got=sizes)
+    data = _sequences(run_seed(ns), n)
+    widths = [max(len(data[i][0]) for i in b["labels"]) for b in seen["runs"][0]]
+    if [b["width"] for b in seen["runs"][0]] != widths:
+        raise CheckFailed("each batch should be padded to its own longest sequence", hint="collate_fn=pad_collate",
+                          expected=widths, got=[b["width"] for b in seen["runs"][0]])
+
+
+@check_for("02", "epoch loader: shuffled, reproducible from the seed")
+def epoch_shuffle(ns: dict[str, Any]) -> None:
+    n, batch_size = _epoch_inputs(run_seed(ns))
+    seen = observe(ns, _epochs, run_seed(ns), n, batch_size)
+    if "runs" not in seen:
+        raise CheckFailed("each batch should be pad_collate's (padded, lengths, labels)", got=seen["batch"])
+    first, again, other = ([i for b in run for i in b["labels"]] for run in seen["runs"])
+    if len(set(first)) != len(first) or not set(first) <= set(range(n)) or len(first) != n // batch_size * batch_size:
+        raise CheckFailed(f"an epoch over {n} samples in full batches of {batch_size} should visit "
+                          f"{n // batch_size * batch_size} different samples", got=first)
+    if first == sorted(first):
+        raise CheckFailed("the samples come in dataset order: training batches should be shuffled every epoch",
+                          hint="DataLoader(..., shuffle=True)", got=first[:12])
+    if first != again or first == other:
+        raise CheckFailed("the order should be the same for the same seed and differ for another seed",
+                          hint="shuffle with generator=torch.Generator().manual_seed(seed) (not the global RNG)",
+                          expected="same seed: same order; seed + 1: another order",
+                          got={"same seed, same order": first == again, "seed + 1, another order": first != other})
+
+
+# ------------------------------------------------------------------ memory and shapes in the profiler
+
+
+def _memory_profiled(ns: dict[str, Any], rows: int, inner: int) -> dict[str, Any]:
+    fn = need(ns, "profile_memory_steps", "define `profile_memory_steps(step_fn, steps=2)` in the exercise cell")
+    g = torch.Generator().manual_seed(rows)
+    a, b = torch.randn(rows, inner, generator=g), torch.randn(inner, 3, generator=g)
+
+    def step() -> None:
+        torch.zeros(rows, 256)  # the allocation the profile must account for
+        torch.mm(a, b)
+
+    prof = call(fn, step, steps=2)
+    if prof is None or not hasattr(prof, "key_averages"):
+        return {"returned": type(prof).__name__}
+    events = list(prof.key_averages(group_by_input_shape=True))
+    return {"returned": "profile", "mm_shapes": [e.input_shapes for e in events if e.key == "aten::mm"],
+            "allocated": max([int(e.self_cpu_memory_usage) for e in events] or [0])}
+
+
+@check_for("02", "profile with memory and input shapes")
+def profile_memory_shapes(ns: dict[str, Any]) -> None:
+    rows, inner = 100 + run_seed(ns) % 200, 3 + run_seed(ns) % 7  # different in every grading run
+    seen = observe(ns, _memory_profiled, rows, inner)
+    if seen["returned"] != "profile":
+        raise CheckFailed("return the torch.profiler.profile object", got=seen["returned"])
+    if [[rows, inner], [inner, 3]] not in seen["mm_shapes"]:
+        raise CheckFailed("the profile does not know the operations' input shapes",
+                          hint="torch.profiler.profile(..., record_shapes=True)",
+                          expected=f"aten::mm with input shapes {[[rows, inner], [inner, 3]]}", got=seen["mm_shapes"])
+    if seen["allocated"] < rows * 256 * 4:
+        raise CheckFailed("the profile does not count memory: each step allocates a "
+                          f"[{rows}, 256] float32 tensor ({rows * 256 * 4} bytes)",
+                          hint="torch.profiler.profile(..., profile_memory=True)",
+                          expected=f">= {rows * 256 * 4} bytes in one operation", got=seen["allocated"])
+
+
+@dataclass
+class _MemoryEvent:
+    key: str
+    input_shapes: list[list[int]]
+    self_cpu_memory_usage: int  # bytes allocated by the op itself
+    cpu_memory_usage: int  # bytes including its children
+
+
+class _FakeMemoryProfile:
+    """key_averages() like torch's: grouped by name, or by name and input shapes when asked."""
+
+    def __init__(self, events: list[_MemoryEvent]) -> None:
+        self.events = events
+
+    def key_averages(self, group_by_input_shape: bool = False, **_: Any) -> list[_MemoryEvent]:
+        if group_by_input_shape:
+            return list(self.events)
+        merged: dict[str, _MemoryEvent] = {}
+        for e in self.events:
+            m = merged.setdefault(e.key, _MemoryEvent(e.key, [], 0, 0))
+            m.self_cpu_memory_usage += e.self_cpu_memory_usage
+            m.cpu_memory_usage += e.cpu_memory_usage
+        return list(merged.values())
+
+
+def _memory_events(seed: int) -> list[_MemoryEvent]:
+    """Allocations in MiB-sized multiples, different in every grading run; 'linear' and 'conv' hold their children."""
+    draw = random.Random(seed)
+    mib = 1 << 20
+    sizes = draw.sample(range(2, 40), 4)
+    return [_MemoryEvent("aten::linear", [[64, 128], [256, 128]], 0, (sizes[0] + sizes[1]) * mib),
+            _MemoryEvent("aten::empty", [[64, 256]], sizes[0] * mib, sizes[0] * mib),
+            _MemoryEvent("aten::empty", [[8, 3, 32, 32]], sizes[1] * mib, sizes[1] * mib),
+            _MemoryEvent("aten::cat", [[64, 256], [64, 256]], sizes[2] * mib, sizes[2] * mib),
+            _MemoryEvent("aten::relu", [[64, 256]], sizes[3] * mib, sizes[3] * mib),
+            _MemoryEvent("aten::conv2d", [[8, 3, 32, 32], [16, 3, 3, 3]], mib, 80 * mib)]
+
+
+def _reference_top_memory(events: list[_MemoryEvent], k: int) -> list[tuple[str, str, float]]:
+    ranked = sorted(events, key=lambda e: e.self_cpu_memory_usage, reverse=True)[:k]
+    return [(e.key, str(e.input_shapes), e.self_cpu_memory_usage / 2**20) for e in ranked]
+
+
+def _shapes_text(shapes: Any) -> str:
+    """Input shapes as torch prints them (lists), whether given as lists or tuples."""
+    if isinstance(shapes, (list, tuple)) and all(isinstance(s, (list, tuple)) for s in shapes):
+        return str([list(s) for s in shapes])
+    return shapes if isinstance(shapes, str) else one_line(shapes)
+
+
+def _top_memory(ns: dict[str, Any], seed: int, k: int) -> Any:
+    fn = need(ns, "top_memory", "define `top_memory(prof, k=3)` in the exercise cell")
+    got = call(fn, _FakeMemoryProfile(_memory_events(seed)), k=k)
+    if isinstance(got, (list, tuple)) and all(isinstance(i, (list, tuple)) and len(i) == 3 for i in got):
+        return [[one_line(name) if not isinstance(name, str) else name, _shapes_text(shapes),
+                 float(mb) if isinstance(mb, (int, float)) else one_line(mb)] for name, shapes, mb in got]
+    return one_line(got)
+
+
+@check_for("02", "top allocations by self memory, per input shape, in MiB")
+def top_memory_ops(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    k = 2 + seed % 3
+    expected = [list(item) for item in _reference_top_memory(_memory_events(seed), k)]
+    got = observe(ns, _top_memory, seed, k)
+    if not isinstance(got, list):
+        raise CheckFailed("return a list of (name, input_shapes, MiB) triples", expected=expected, got=got)
+    if [g[:2] for g in got] != [e[:2] for e in expected]:
+        hint = "rank by self_cpu_memory_usage (what the op itself allocates; cpu_memory_usage counts its children " \
+               "too), from prof.key_averages(group_by_input_shape=True) so each shape is its own row"
+        raise CheckFailed("wrong operations or order", hint=hint, expected=[e[:2] for e in expected],
+                          got=[g[:2] for g in got])
+    for want, have in zip(expected, got):
+        if not isinstance(have[2], float) or not math.isclose(have[2], want[2], rel_tol=1e-6):
+            raise CheckFailed("memory should be in MiB", hint="the profiler reports bytes: divide by 2**20",
+                              expected=[e[2] for e in expected], got=[g[2] for g in got])

@@ -6,11 +6,12 @@ test passes on the correct one (a test that always fails catches nothing).
 
 from __future__ import annotations
 
+import random
 import tempfile
 from typing import Any, Callable
 
 from course_lib.grading import suite_targets as targets
-from course_lib.grading.api import CheckFailed, check_for, need, observe
+from course_lib.grading.api import CheckFailed, check_for, need, observe, run_seed
 
 
 def _suite(ns: dict[str, Any]) -> dict[str, Callable[..., None]]:
@@ -37,11 +38,41 @@ def _outcome(ns: dict[str, Any], implementation: str) -> dict[str, str]:
     return _RUNS[key]
 
 
+def _order(ns: dict[str, Any]) -> list[str]:
+    """The implementations to test, the correct one several times, shuffled differently in every grading run.
+
+    The observations are the outcomes in this order, so answers prepared in advance cannot tell which outcomes
+    must be the correct implementation's (suites run once per implementation: repeats cost nothing).
+    """
+    order = ["Reference"] * 9 + [broken.__name__ for broken in targets.BROKEN]
+    random.Random(run_seed(ns)).shuffle(order)
+    return order
+
+
+def _outcomes(ns: dict[str, Any], order: list[str]) -> list[dict[str, str]]:
+    return [_outcome(ns, implementation) for implementation in order]
+
+
+def _observed(ns: dict[str, Any]) -> tuple[list[dict[str, str]], dict[str, dict[str, str]]]:
+    """The outcomes on the correct implementation (one per repeat) and the outcome on each broken one."""
+    order = _order(ns)
+    outcomes = observe(ns, _outcomes, order)
+    if not isinstance(outcomes, list) or len(outcomes) != len(order) or not all(
+            isinstance(o, dict) for o in outcomes):
+        raise CheckFailed("the test suite's outcomes could not be read", got=type(outcomes).__name__)
+    good = [o for name, o in zip(order, outcomes) if name == "Reference"]
+    others = {name: o for name, o in zip(order, outcomes) if name != "Reference"}
+    if any(o != good[0] for o in good):  # the suite runs once per implementation: its repeats are one outcome
+        raise CheckFailed("the outcomes on the correct implementation differ between its repeats in this run's order "
+                          "(observations from another run?)", got=good)
+    return good, others
+
+
 @check_for("04", "all tests pass on the correct implementation", points=2)
 def passes_on_correct(ns: dict[str, Any]) -> None:
-    outcome = observe(ns, _outcome, "Reference")
-    failing = {name: error for name, error in outcome.items() if error}
-    if failing or sorted(outcome) != sorted(targets.TEST_NAMES):
+    good, _ = _observed(ns)
+    failing = {name: error for o in good for name, error in o.items() if error}
+    if failing or any(sorted(o) != sorted(targets.TEST_NAMES) for o in good):
         name, error = next(iter(failing.items())) if failing else ("?", "missing tests")
         raise CheckFailed(f"{name} fails on a correct implementation, so it would flag good code",
                           hint="loosen tolerances only where floats legitimately differ; use eval mode to compare "
@@ -51,9 +82,9 @@ def passes_on_correct(ns: dict[str, Any]) -> None:
 
 def _make_caught_check(broken: type[targets.Reference]) -> None:
     def caught(ns: dict[str, Any]) -> None:
-        good = observe(ns, _outcome, "Reference")
-        bad = observe(ns, _outcome, broken.__name__)
-        if not any(bad.get(name) and not good.get(name) for name in targets.TEST_NAMES):
+        goods, others = _observed(ns)
+        bad = others[broken.__name__]
+        if not any(bad.get(name) and not any(good.get(name) for good in goods) for name in targets.TEST_NAMES):
             raise CheckFailed(f"no test catches an implementation with this bug: {broken.name}",
                               hint=_HINTS[broken], expected="at least one test fails", got="all tests pass")
 

@@ -13,10 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, run_seed
 from course_lib.train.optim import param_groups as reference_param_groups
 
-WD = 0.037
+
+def _wd(ns: dict[str, Any]) -> float:
+    """The weight decay asked for: different in every grading run (0.011 .. 0.107)."""
+    return round(0.011 + (run_seed(ns) % 97) / 1000, 3)
 
 
 class _Mixed(nn.Module):
@@ -88,9 +91,10 @@ def _expected(which: int, wd: float) -> dict[str, list[float]]:
 
 @check_for("06", "decay only for >= 2-D parameters", points=2)
 def decay_split(ns: dict[str, Any]) -> None:
+    wd = _wd(ns)
     for which in range(len(_models())):
         model = _model(which)
-        got, expected = observe(ns, _learner, which, WD)["assignment"], _expected(which, WD)
+        got, expected = observe(ns, _learner, which, wd)["assignment"], _expected(which, wd)
         wrong = {n: got.get(n) for n, wds in expected.items() if got.get(n, [None])[:1] != wds}
         if wrong:
             name = next(iter(wrong))
@@ -101,7 +105,7 @@ def decay_split(ns: dict[str, Any]) -> None:
                    "biases, norm scales and other 1-D tensors get weight_decay=0.0")
             )
             raise CheckFailed(
-                f"some parameters of a {type(model).__name__} got the wrong weight decay (wd={WD})",
+                f"some parameters of a {type(model).__name__} got the wrong weight decay (wd={wd})",
                 hint=hint,
                 expected={n: expected[n] for n in wrong},
                 got=wrong,
@@ -110,7 +114,12 @@ def decay_split(ns: dict[str, Any]) -> None:
 
 @check_for("06", "frozen parameters left out", points=1)
 def frozen_excluded(ns: dict[str, Any]) -> None:
-    got = observe(ns, _learner, 0, WD)["assignment"]
+    wd = _wd(ns)
+    got = observe(ns, _learner, 0, wd)["assignment"]
+    decays = {d for wds in got.values() for d in wds}
+    if not decays <= {wd, 0.0}:
+        raise CheckFailed(f"the groups should use weight_decay={wd} (the wd passed in) or 0.0",
+                          expected=sorted({wd, 0.0}), got=sorted(decays))
     frozen = [n for n, p in _model(0).named_parameters() if not p.requires_grad]
     included = [n for n in frozen if n in got]
     if included:
@@ -125,7 +134,8 @@ def frozen_excluded(ns: dict[str, Any]) -> None:
 
 @check_for("06", "each parameter exactly once, AdamW accepts it", points=1)
 def once_each(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _learner, 0, WD)
+    wd = _wd(ns)
+    seen = observe(ns, _learner, 0, wd)
     got = seen["assignment"]
     twice = {n: wds for n, wds in got.items() if len(wds) > 1}
     foreign = [n for n in got if n == "<not in model>"]
@@ -137,10 +147,10 @@ def once_each(ns: dict[str, Any]) -> None:
             expected="each trainable parameter once",
             got={"in several groups": twice, "missing": missing, "not from this model": len(foreign)},
         )
-    if seen["adamw"] != sorted({WD, 0.0}):
+    if seen["adamw"] != sorted({wd, 0.0}):
         raise CheckFailed(
             "AdamW should see two decay values: wd for matrices and 0.0 for the rest",
             hint="set 'weight_decay' explicitly in both groups (AdamW's default is 0.01, not 0)",
-            expected=sorted({WD, 0.0}),
+            expected=sorted({wd, 0.0}),
             got=seen["adamw"],
         )

@@ -18,24 +18,24 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 from course_lib.train.accumulate import train_accumulated as reference_train_accumulated
 
 LR = 0.3
 N, MICRO, ACCUM, CLASSES = 41, 5, 3, 3
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(5)
+def _model(seed: int) -> nn.Module:
+    torch.manual_seed(5 + seed)
     return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, CLASSES))
 
 
-def _data(n: int = N, padded: bool = True) -> TensorDataset:
-    """``n`` samples; with ``padded`` every 6th target is -100 (padding: not a target, not counted)."""
-    g = torch.Generator().manual_seed(9)
+def _data(seed: int, n: int = N, padded: bool = True) -> TensorDataset:
+    """``n`` samples; with ``padded`` 5 to 8 targets are -100 (padding: not a target, not counted)."""
+    g = torch.Generator().manual_seed(9 + seed)  # inputs differ in every grading run
     y = torch.randint(0, CLASSES, (n,), generator=g)
-    if padded:
-        y[::6] = -100
+    if padded:  # how many and where differ in every grading run, so do the groups' target counts
+        y[torch.randperm(n, generator=g)[: 5 + seed % 4]] = -100
     return TensorDataset(torch.randn(n, 6, generator=g), y)
 
 
@@ -43,14 +43,15 @@ def _loader(data: TensorDataset, batch: int = MICRO) -> DataLoader:
     return DataLoader(data, batch_size=batch, shuffle=False)
 
 
-def _big_batch_run(data: TensorDataset, groups_of: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+def _big_batch_run(seed: int, data: TensorDataset, groups_of: int,
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                    weights: torch.Tensor | None = None) -> tuple[nn.Module, float]:
     """The definition: one SGD step per group on all of the group's samples at once.
 
     Also returns the epoch's loss as train_accumulated reports it: the summed (weighted) per-target losses,
     each taken before its group's step, over the summed (weighted) target count.
     """
-    model = _model()
+    model = _model(seed)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     x, y = data.tensors
     total, count = 0.0, 0.0
@@ -66,9 +67,9 @@ def _big_batch_run(data: TensorDataset, groups_of: int, loss_fn: Callable[[torch
     return model, total / max(count, 1e-12)
 
 
-def _naive_run(data: TensorDataset) -> nn.Module:
+def _naive_run(seed: int, data: TensorDataset) -> nn.Module:
     """The outdated recipe: each micro-batch's mean loss divided by the number of micro-batches."""
-    model = _model()
+    model = _model(seed)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     batches = list(_loader(data))
     for start in range(0, len(batches), ACCUM):
@@ -109,17 +110,17 @@ def _as_result(result: Any) -> Any:
                 isinstance(s, (int, torch.Tensor)) for s in sizes) else one_line(sizes)}
 
 
-def _trained(ns: dict[str, Any], weighted: bool) -> dict[str, Any]:
+def _trained(ns: dict[str, Any], seed: int, weighted: bool) -> dict[str, Any]:
     """The learner's epoch: optimizer steps taken, what it returned, and the weights afterwards."""
     if weighted:
         fn = need(ns, "train_accumulated_weighted",
                   "define `train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4)`")
-        data, extra = _data(37, padded=False), (_WEIGHTS.clone(),)  # micro-batches 5,5,5 | 5,5,5 | 5,2
+        data, extra = _data(seed, 37, padded=False), (_WEIGHTS.clone(),)  # micro-batches 5,5,5 | 5,5,5 | 5,2
     else:
         fn = need(ns, "train_accumulated",
                   "define `train_accumulated(model, loader, optimizer, device, microbatches=4)`")
-        data, extra = _data(), ()
-    model = _model()
+        data, extra = _data(seed), ()
+    model = _model(seed)
     opt = _CountingSGD(model.parameters(), lr=LR)
     result = call(fn, model, _loader(data), opt, torch.device("cpu"), *extra, microbatches=ACCUM)
     return {"steps_taken": opt.steps_taken, "result": _as_result(result),
@@ -131,9 +132,12 @@ _WEIGHTS = torch.tensor([0.2, 1.0, 3.5])
 
 @check_for("07", "groups of 15/15/11: one step each", points=1)
 def group_sizes(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _trained, False)
-    data = _data()
-    expected = reference_train_accumulated(_model(), _loader(data), torch.optim.SGD(_model().parameters(), lr=LR), "cpu", ACCUM)
+    seed = run_seed(ns)
+    seen = observe(ns, _trained, seed, False)
+    data = _data(seed)
+    model = _model(seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    expected = reference_train_accumulated(model, _loader(data), optimizer, "cpu", ACCUM)
     if seen["steps_taken"] != expected["steps"]:
         raise CheckFailed(
             f"{N} samples in micro-batches of {MICRO} with microbatches={ACCUM} make {expected['steps']} groups, "
@@ -156,12 +160,13 @@ def group_sizes(ns: dict[str, Any]) -> None:
 
 @check_for("07", "each step equals one big batch", points=2)
 def equals_big_batch(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _trained, False)
-    data = _data()
-    truth, loss = _big_batch_run(data, MICRO * ACCUM, F.cross_entropy)
+    seed = run_seed(ns)
+    seen = observe(ns, _trained, seed, False)
+    data = _data(seed)
+    truth, loss = _big_batch_run(seed, data, MICRO * ACCUM, F.cross_entropy)
     diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
-        naive = _max_diff(seen["weights"], _naive_run(data)) < 1e-6
+        naive = _max_diff(seen["weights"], _naive_run(seed, data)) < 1e-6
         hint = (
             "you divide each micro-batch mean by the number of micro-batches: the last group (11 samples, its last "
             "micro-batch only 1) is over-weighted. Sum the per-sample losses and divide by the targets in the group"
@@ -188,14 +193,15 @@ def _check_loss(result: Any, expected: float, what: str) -> None:
 
 @check_for("07", "class-weighted: divide by the summed weights", points=2)
 def weighted(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _trained, True)
+    seed = run_seed(ns)
+    seen = observe(ns, _trained, seed, True)
     weights = _WEIGHTS
-    data = _data(37, padded=False)
-    truth, loss = _big_batch_run(data, MICRO * ACCUM, lambda out, y: F.cross_entropy(out, y, weight=weights), weights)
+    data = _data(seed, 37, padded=False)
+    truth, loss = _big_batch_run(seed, data, MICRO * ACCUM, lambda out, y: F.cross_entropy(out, y, weight=weights), weights)
     diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
         by_count, _ = _big_batch_run(
-            data, MICRO * ACCUM, lambda out, y: F.cross_entropy(out, y, weight=weights, reduction="sum") / len(y)
+            seed, data, MICRO * ACCUM, lambda out, y: F.cross_entropy(out, y, weight=weights, reduction="sum") / len(y)
         )
         hint = (
             "you divide by the number of samples; a weighted mean divides by the sum of the weights of the selected "

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 
 SCALE = 4096.0
 MAX_NORM = 0.05  # small, so clipping is active and its placement matters
@@ -27,9 +28,9 @@ MAX_NORM = 0.05  # small, so clipping is active and its placement matters
 class _Probe(nn.Module):
     """A small classifier that records the autocast state of each forward call."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int) -> None:
         super().__init__()
-        torch.manual_seed(2)
+        torch.manual_seed(2 + seed)  # weights and batch differ in every grading run
         self.net = nn.Sequential(nn.Linear(7, 16), nn.ReLU(), nn.Linear(16, 4))
         self.autocast: list[tuple[bool, torch.dtype]] = []
 
@@ -38,8 +39,8 @@ class _Probe(nn.Module):
         return self.net(x)
 
 
-def _batch() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(4)
+def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(4 + seed)
     return torch.randn(10, 7, generator=g), torch.randint(0, 4, (10,), generator=g)
 
 
@@ -53,14 +54,15 @@ def _reference_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) 
     return model, norm
 
 
-def _run(ns: dict[str, Any], amp_dtype: str | None, scaler_kwargs: dict[str, Any], big_input: bool = False) -> dict[str, Any]:
+def _run(ns: dict[str, Any], seed: int, amp_dtype: str | None, scaler_kwargs: dict[str, Any],
+         big_input: bool = False) -> dict[str, Any]:
     """One learner step on a fresh probe model: what it returned, the weights, autocast states, the scale after."""
     step = need(ns, "amp_step", "define `amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm)`")
     scaler = torch.amp.GradScaler("cpu", **scaler_kwargs)
-    model = _Probe()
+    model = _Probe(seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     dtype = getattr(torch, amp_dtype) if amp_dtype else None
-    x, y = _batch()
+    x, y = _batch(seed)
     result = call(step, model, (x * 1e30 if big_input else x, y), opt, scaler, torch.device("cpu"), dtype, MAX_NORM)
     if isinstance(result, dict) and {"loss", "grad_norm"} <= set(result):
         shown: Any = {k: float(result[k]) if isinstance(result[k], (int, float, torch.Tensor)) else one_line(result[k])
@@ -83,10 +85,19 @@ def _max_diff(a: Any, b: nn.Module) -> float:
     return max((p - q).abs().max().item() for p, q in zip(params, b.parameters()))
 
 
-def _scalers(ns: dict[str, Any]) -> list[dict[str, Any]]:
+def _scaler_dtypes(seed: int) -> list[torch.dtype | None]:
+    """Each precision once, then five more drawn at random: the sequence differs in every grading run."""
+    draw = random.Random(seed)
+    choices: list[torch.dtype | None] = [torch.float16, torch.bfloat16, None]
+    dtypes = choices + [draw.choice(choices) for _ in range(5)]
+    draw.shuffle(dtypes)
+    return dtypes
+
+
+def _scalers(ns: dict[str, Any], dtypes: list[torch.dtype | None]) -> list[dict[str, Any]]:
     make = need(ns, "make_scaler", "define `make_scaler(device, amp_dtype)` returning a torch.amp.GradScaler")
     out = []
-    for dtype in (torch.float16, torch.bfloat16, None):
+    for dtype in dtypes:
         scaler = call(make, torch.device("cpu"), dtype)
         kind = f"{type(scaler).__module__}.{type(scaler).__qualname__}"
         out.append({"type": kind, "is_grad_scaler": isinstance(scaler, torch.amp.GradScaler),
@@ -96,8 +107,9 @@ def _scalers(ns: dict[str, Any]) -> list[dict[str, Any]]:
 
 @check_for("08", "scaler enabled only for fp16", points=1)
 def scaler_choice(ns: dict[str, Any]) -> None:
-    for (dtype, want), seen in zip(((torch.float16, True), (torch.bfloat16, False), (None, False)),
-                                   observe(ns, _scalers)):
+    dtypes = _scaler_dtypes(run_seed(ns))
+    for dtype, seen in zip(dtypes, observe(ns, _scalers, dtypes)):
+        want = dtype == torch.float16
         if seen["type"].startswith("torch.cuda.amp"):
             raise CheckFailed(
                 f"make_scaler built {seen['type']}, the outdated CUDA-only spelling: on a machine without a CUDA GPU "
@@ -118,8 +130,9 @@ def scaler_choice(ns: dict[str, Any]) -> None:
 
 @check_for("08", "grad norm measured after unscale_", points=2)
 def norm_after_unscale(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _run, None, {"init_scale": SCALE, "growth_interval": 1})
-    _, norm = _reference_step(_Probe(), _batch())
+    seed = run_seed(ns)
+    seen = observe(ns, _run, seed, None, {"init_scale": SCALE, "growth_interval": 1})
+    _, norm = _reference_step(_Probe(seed), _batch(seed))
     got = _result(seen)["grad_norm"]
     if not math.isclose(got, norm, rel_tol=1e-4):
         hint = (
@@ -132,7 +145,7 @@ def norm_after_unscale(ns: dict[str, Any]) -> None:
             "grad_norm is not the norm of the true (unscaled) gradients", hint=hint, expected=norm, got=got
         )
     with torch.no_grad():
-        loss = float(F.cross_entropy(_Probe()(_batch()[0]), _batch()[1]))
+        loss = float(F.cross_entropy(_Probe(seed)(_batch(seed)[0]), _batch(seed)[1]))
     if not math.isclose(_result(seen)["loss"], loss, rel_tol=1e-4):
         raise CheckFailed("the returned loss should be the (unscaled) loss of this batch",
                           hint="return loss.item(), not the scaled loss", expected=loss, got=_result(seen)["loss"])
@@ -140,11 +153,12 @@ def norm_after_unscale(ns: dict[str, Any]) -> None:
 
 @check_for("08", "clip, step, update in order", points=2)
 def params_updated(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _run, None, {"init_scale": SCALE, "growth_interval": 1})
-    truth, _ = _reference_step(_Probe(), _batch())
+    seed = run_seed(ns)
+    seen = observe(ns, _run, seed, None, {"init_scale": SCALE, "growth_interval": 1})
+    truth, _ = _reference_step(_Probe(seed), _batch(seed))
     diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
-        unchanged = _max_diff(seen["weights"], _Probe()) == 0
+        unchanged = _max_diff(seen["weights"], _Probe(seed)) == 0
         raise CheckFailed(
             "the weights after the step differ from: unscale -> clip to max_norm -> step",
             hint="call scaler.step(optimizer) (not before zero_grad)" if unchanged else
@@ -164,8 +178,9 @@ def params_updated(ns: dict[str, Any]) -> None:
 @check_for("08", "an overflowing step is skipped", points=1)
 def overflow_skipped(ns: dict[str, Any]) -> None:
     # Huge inputs and a huge scale: the scaled gradients overflow to inf, as fp16 ones do now and then.
-    seen = observe(ns, _run, None, {"init_scale": 2.0**100, "growth_interval": 1}, True)
-    changed = _max_diff(seen["weights"], _Probe())
+    seed = run_seed(ns)
+    seen = observe(ns, _run, seed, None, {"init_scale": 2.0**100, "growth_interval": 1}, True)
+    changed = _max_diff(seen["weights"], _Probe(seed))
     if not changed == 0:
         raise CheckFailed(
             "after a step whose gradients overflowed (inf), the weights changed (to nan/inf): the step must be skipped",
@@ -178,7 +193,8 @@ def overflow_skipped(ns: dict[str, Any]) -> None:
 
 @check_for("08", "works with the scaler disabled (bf16 on the CPU)", points=1)
 def bf16_without_scaler(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _run, "bfloat16", {"enabled": False})
+    seed = run_seed(ns)
+    seen = observe(ns, _run, seed, "bfloat16", {"enabled": False})
     if not seen["autocast"] or not all(on and dtype == "torch.bfloat16" for on, dtype in seen["autocast"]):
         raise CheckFailed(
             "the forward pass did not run under autocast to bfloat16",
@@ -189,7 +205,8 @@ def bf16_without_scaler(ns: dict[str, Any]) -> None:
     result = _result(seen)
     if not math.isfinite(result["loss"]) or not math.isfinite(result["grad_norm"]):
         raise CheckFailed("loss or grad_norm is not finite with bf16 autocast", got=result)
-    if _max_diff(seen["weights"], _Probe()) == 0:
+    _check_this_run(seed, torch.bfloat16, seen)
+    if _max_diff(seen["weights"], _Probe(seed)) == 0:
         raise CheckFailed(
             "the weights did not change: with a disabled scaler, scaler.step(optimizer) simply calls optimizer.step()",
             hint="keep the same scale -> backward -> unscale_ -> clip -> step -> update sequence; disabled, each is a no-op "
@@ -199,7 +216,8 @@ def bf16_without_scaler(ns: dict[str, Any]) -> None:
 
 @check_for("08", "the model stays fp32 (no .half())", points=1)
 def stays_fp32(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _run, "float16", {"init_scale": SCALE})
+    seed = run_seed(ns)
+    seen = observe(ns, _run, seed, "float16", {"init_scale": SCALE})
     if seen["dtypes"] != ["torch.float32"]:
         raise CheckFailed(
             "the model's weights were converted: autocast chooses a precision per operation and keeps the weights "
@@ -214,3 +232,127 @@ def stays_fp32(ns: dict[str, Any]) -> None:
             expected=[[True, "torch.float16"]],
             got=seen["autocast"],
         )
+    _check_this_run(seed, torch.float16, seen)
+
+
+def _check_this_run(seed: int, dtype: torch.dtype, seen: dict[str, Any]) -> None:
+    """The weights are this run's model after one clipped step, the loss this batch's under autocast to ``dtype``."""
+    moved = _max_diff(seen["weights"], _Probe(seed))
+    if not moved <= 0.5 * MAX_NORM:  # SGD at lr 0.5 after clipping to MAX_NORM moves no weight further
+        raise CheckFailed("the weights after one clipped step should stay next to the model's starting weights",
+                          hint="clip_grad_norm_(model.parameters(), max_norm) after unscale_, then one step",
+                          expected=f"max |change| <= {0.5 * MAX_NORM}", got=f"{moved:.3g}")
+    got = _result(seen)["loss"]
+    x, y = _batch(seed)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+        loss = float(F.cross_entropy(_Probe(seed)(x), y))
+    if not math.isclose(got, loss, rel_tol=2e-2):
+        raise CheckFailed("the returned loss should be this batch's loss, computed under autocast",
+                          hint="return loss.item() of the forward pass run under torch.autocast", expected=loss,
+                          got=got)
+
+
+# ------------------------------------------------------------------ AMP inside an accumulation group
+
+
+class _CountingSGD(torch.optim.SGD):
+    """SGD that counts its real steps (a GradScaler skips the call on overflow)."""
+
+    def __init__(self, params: Any, lr: float) -> None:
+        super().__init__(params, lr=lr)
+        self.steps_taken = 0
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        self.steps_taken += 1
+        return super().step(closure)
+
+
+def _micro_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Three micro-batches of uneven sizes (different in every grading run)."""
+    x, y = _batch(seed)  # 10 samples
+    first, second = 2 + seed % 3, 3 + seed % 2
+    cuts = [0, first, first + second, len(x)]
+    return [(x[a:b], y[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _group_scale(seed: int) -> float:
+    """The scaler's starting factor for the group (a power of two, different from run to run)."""
+    return SCALE * 2 ** (seed % 4)
+
+
+def _accumulated(ns: dict[str, Any], seed: int, overflow: bool) -> dict[str, Any]:
+    """The learner's group step on a fresh probe model with an enabled CPU scaler (fp32 forward, so exact)."""
+    fn = need(ns, "amp_accumulate",
+              "define `amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm)`")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100 if overflow else _group_scale(seed), growth_interval=1)
+    model = _Probe(seed)
+    opt = _CountingSGD(model.parameters(), lr=0.5)
+    batches = _micro_batches(seed)
+    if overflow:  # one huge micro-batch: its scaled gradients overflow, so the whole group must be skipped
+        batches[1] = (batches[1][0] * 1e30, batches[1][1])
+    result = call(fn, model, batches, opt, scaler, torch.device("cpu"), None, MAX_NORM)
+    if isinstance(result, dict) and {"loss", "grad_norm"} <= set(result):
+        shown: Any = {k: float(result[k]) if isinstance(result[k], (int, float, torch.Tensor)) else one_line(result[k])
+                      for k in ("loss", "grad_norm")}
+    else:
+        shown = one_line(result)
+    return {"result": shown, "weights": [p.detach() for p in model.parameters()], "steps": opt.steps_taken,
+            "scale": float(scaler.get_scale())}
+
+
+@check_for("08", "AMP accumulation: one step, same as one big batch", points=2)
+def accumulation_equals_big_batch(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    seen = observe(ns, _accumulated, seed, False)
+    sizes = [len(y) for _, y in _micro_batches(seed)]
+    if seen["steps"] != 1:
+        raise CheckFailed(
+            f"a group of {len(sizes)} micro-batches should make one optimizer step",
+            hint="scaler.scale(loss).backward() for each micro-batch; unscale_, clip, step and update once, after the "
+                 "last one", expected=1, got=seen["steps"])
+    truth, norm = _reference_step(_Probe(seed), _batch(seed))  # the group as one batch of all its samples
+    diff = _max_diff(seen["weights"], truth)
+    if diff > 1e-5:
+        raise CheckFailed(
+            f"the step differs from one big batch of the group's {sum(sizes)} samples (micro-batches {sizes})",
+            hint="scale every micro-batch's loss (scaler.scale(loss_sum / samples_in_group).backward()): an unscaled "
+                 "backward mixes with scaled gradients, and unscale_ divides them all; clip only after unscale_",
+            expected="max |weight difference| < 1e-5", got=f"{diff:.3g}")
+    result = _result(seen)
+    x, y = _batch(seed)
+    with torch.no_grad():
+        loss = float(F.cross_entropy(_Probe(seed)(x), y))
+    if not math.isclose(result["grad_norm"], norm, rel_tol=1e-4) or not math.isclose(result["loss"], loss,
+                                                                                    rel_tol=1e-4):
+        raise CheckFailed("return the group's mean loss and the gradient norm measured after unscale_",
+                          expected={"loss": loss, "grad_norm": norm}, got=result)
+
+
+@check_for("08", "AMP accumulation: the scaler updates once per group", points=1)
+def accumulation_updates_once(ns: dict[str, Any]) -> None:
+    start = _group_scale(run_seed(ns))
+    seen = observe(ns, _accumulated, run_seed(ns), False)
+    if seen["scale"] != start * 2:
+        updates = math.log2(seen["scale"] / start) if seen["scale"] > 0 else float("nan")
+        raise CheckFailed(
+            "scaler.update() should run once per optimizer step, after the group's last micro-batch (this scaler "
+            "doubles its scale on every update)",
+            hint="updating inside the loop changes the scale between micro-batches, so their gradients no longer "
+                 "share one factor", expected=start * 2,
+            got=f"{seen['scale']:g} ({updates:g} updates)" if math.isfinite(updates) else seen["scale"])
+
+
+@check_for("08", "AMP accumulation: an overflow skips the whole group", points=1)
+def accumulation_overflow(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    seen = observe(ns, _accumulated, seed, True)
+    changed = _max_diff(seen["weights"], _Probe(seed))
+    if changed != 0:
+        raise CheckFailed(
+            "one micro-batch overflowed (inf gradients) and the weights changed: the whole group's step must be "
+            "skipped",
+            hint="scaler.step(optimizer) once after unscale_ (it skips the update when any gradient is inf/nan)",
+            expected="weights unchanged", got=f"max |change| {changed:.3g}")
+    if seen["scale"] != 2.0**99:
+        raise CheckFailed("after the overflow scaler.update() should halve the scale once",
+                          expected=2.0**99, got=seen["scale"])

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 from course_lib.train.evaluate import evaluate as reference_evaluate
 
 IGNORE = -100
@@ -24,9 +24,9 @@ IGNORE = -100
 class _Recorder(nn.Module):
     """A small classifier with dropout that notes, on each call, whether autograd and training mode were on."""
 
-    def __init__(self, d_in: int = 5, n_classes: int = 4) -> None:
+    def __init__(self, seed: int, d_in: int = 5, n_classes: int = 4) -> None:
         super().__init__()
-        torch.manual_seed(3)
+        torch.manual_seed(3 + seed)  # weights and data differ in every grading run
         self.lin = nn.Linear(d_in, n_classes)
         self.drop = nn.Dropout(0.5)
         self.calls: list[tuple[bool, bool]] = []  # (grad enabled, training)
@@ -36,8 +36,8 @@ class _Recorder(nn.Module):
         return self.lin(self.drop(x))
 
 
-def _data(n: int = 23, ignored: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(11)
+def _data(seed: int, n: int = 23, ignored: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(11 + seed)
     x = torch.randn(n, 5, generator=g)
     y = torch.randint(0, 4, (n,), generator=g)
     if ignored:
@@ -58,12 +58,12 @@ def _mean_of_batch_means(model: _Recorder, x: torch.Tensor, y: torch.Tensor, bat
     return sum(means) / len(means)
 
 
-def _evaluate(ns: dict[str, Any], n: int, ignored: int, batch: int, start_training: bool = False) -> dict[str, Any]:
+def _evaluate(ns: dict[str, Any], seed: int, n: int, ignored: int, batch: int, start_training: bool = False) -> dict[str, Any]:
     """The learner's evaluate on a fresh recorder: its result, how the model was called, its mode afterwards."""
     evaluate = need(ns, "evaluate", "define `evaluate(model, loader, device)` returning {'loss': ..., 'acc': ...}")
-    model = _Recorder()
+    model = _Recorder(seed)
     model.train(start_training)
-    x, y = _data(n, ignored)
+    x, y = _data(seed, n, ignored)
     loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=False)
     result = call(evaluate, model, loader, torch.device("cpu"))
     if isinstance(result, dict) and {"loss", "acc"} <= set(result) and all(
@@ -87,9 +87,10 @@ def _close(a: dict[str, float], b: dict[str, float]) -> bool:
 
 @check_for("09", "uneven last batch: sums, not batch means", points=2)
 def uneven_last_batch(ns: dict[str, Any]) -> None:
-    got = _result(observe(ns, _evaluate, 23, 0, 10))
-    model = _Recorder()
-    x, y = _data(23)
+    seed = run_seed(ns)
+    got = _result(observe(ns, _evaluate, seed, 23, 0, 10))
+    model = _Recorder(seed)
+    x, y = _data(seed, 23)
     expected = _truth(model, x, y)
     if not _close(got, expected):
         biased = _mean_of_batch_means(model, x, y, 10)
@@ -109,10 +110,11 @@ def uneven_last_batch(ns: dict[str, Any]) -> None:
 
 @check_for("09", "batch-size invariant, ignores -100", points=1)
 def invariant_and_ignored(ns: dict[str, Any]) -> None:
-    x, y = _data(17, ignored=5)
-    expected = _truth(_Recorder(), x, y)
+    seed = run_seed(ns)
+    x, y = _data(seed, 17, ignored=5)
+    expected = _truth(_Recorder(seed), x, y)
     for batch in (1, 4, 17):
-        got = _result(observe(ns, _evaluate, 17, 5, batch))
+        got = _result(observe(ns, _evaluate, seed, 17, 5, batch))
         if not _close(got, expected):
             raise CheckFailed(
                 f"with 5 of 17 targets equal to -100 (padding) and batch_size={batch}, the result is not the average "
@@ -126,11 +128,13 @@ def invariant_and_ignored(ns: dict[str, Any]) -> None:
 
 @check_for("09", "eval mode + inference_mode, mode restored", points=1)
 def modes(ns: dict[str, Any]) -> None:
+    n = 4 * (2 + run_seed(ns) % 4) - 1  # 2 to 5 batches of up to 4, a different count in every grading run
     for start_training in (True, False):
-        seen = observe(ns, _evaluate, 9, 0, 4, start_training)
+        seen = observe(ns, _evaluate, run_seed(ns), n, 0, 4, start_training)
         _result(seen)
-        if not seen["calls"]:
-            raise CheckFailed("evaluate never called the model")
+        if len(seen["calls"]) != -(-n // 4):
+            raise CheckFailed(f"evaluate should call the model once per batch ({n} samples in batches of 4)",
+                              expected=-(-n // 4), got=len(seen["calls"]))
         if any(grad for grad, _ in seen["calls"]):
             raise CheckFailed(
                 "the model ran with autograd on: evaluation stores activations for a backward that never comes",

@@ -12,6 +12,7 @@ gives a different answer or an out-of-order event log.
 
 from __future__ import annotations
 
+import random
 import statistics
 from typing import Any
 
@@ -19,33 +20,35 @@ import torch
 from torch import nn
 
 import course_lib.device
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 from course_lib.perf.memory import count_parameters
 from course_lib.perf.memory import stored_bytes as reference_stored_bytes
 
 REPORT_KEYS = ("median_ms", "batch", "shape", "device", "precision", "warmup", "reps")
 
 
-def _memory_model() -> nn.Module:
+def _memory_model(seed: int) -> nn.Module:
     """Trainable and frozen layers, BatchNorm buffers (one of them int64) and a half-precision buffer."""
-    model = nn.Sequential(nn.Linear(6, 10), nn.BatchNorm1d(10), nn.ReLU(), nn.Linear(10, 3))
+    hidden = 8 + seed % 9  # sizes differ in every grading run
+    model = nn.Sequential(nn.Linear(6, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, 3))
     model[0].requires_grad_(False)  # a frozen feature layer: stored, not trained
-    model.register_buffer("lookup", torch.zeros(7, dtype=torch.float16))
-    model.scale = nn.Parameter(torch.ones(5, dtype=torch.float64))
+    model.register_buffer("lookup", torch.zeros(5 + seed % 7, dtype=torch.float16))
+    model.scale = nn.Parameter(torch.ones(3 + seed % 5, dtype=torch.float64))
     return model
 
 
-def _counted(ns: dict[str, Any], name: str) -> Any:
+def _counted(ns: dict[str, Any], name: str, seed: int) -> Any:
     fn = need(ns, name, f"define `{name}(model) -> int`")
     torch.manual_seed(0)
-    got = call(fn, _memory_model())
+    got = call(fn, _memory_model(seed))
     return int(got) if isinstance(got, int) else one_line(got)
 
 
 @check_for("10", "trainable parameter count", points=1)
 def trainable(ns: dict[str, Any]) -> None:
-    model = _memory_model()
-    expected, got = count_parameters(model, trainable_only=True), observe(ns, _counted, "count_trainable")
+    seed = run_seed(ns)
+    model = _memory_model(seed)
+    expected, got = count_parameters(model, trainable_only=True), observe(ns, _counted, "count_trainable", seed)
     if got != expected:
         total = count_parameters(model, trainable_only=False)
         hint = (
@@ -58,8 +61,9 @@ def trainable(ns: dict[str, Any]) -> None:
 
 @check_for("10", "stored bytes of parameters + buffers", points=1)
 def stored(ns: dict[str, Any]) -> None:
-    model = _memory_model()
-    expected, got = reference_stored_bytes(model), observe(ns, _counted, "stored_bytes")
+    seed = run_seed(ns)
+    model = _memory_model(seed)
+    expected, got = reference_stored_bytes(model), observe(ns, _counted, "stored_bytes", seed)
     if got != expected:
         params_only = sum(p.numel() * p.element_size() for p in model.parameters())
         if got == params_only:
@@ -102,7 +106,7 @@ class _SlowStart(nn.Module):
         return self.drop(self.lin(x))
 
 
-def _run_latency(ns: dict[str, Any], warmup: int, costs_ms: list[float]) -> dict[str, Any]:
+def _run_latency(ns: dict[str, Any], warmup: int, costs_ms: list[float], batch: int = 3) -> dict[str, Any]:
     """The learner's report, the model's calls and the event log (timer reads, model calls, syncs)."""
     measure = need(
         ns, "measure_latency", "define `measure_latency(model, example, device, *, warmup, reps, timer)` returning a dict"
@@ -121,7 +125,7 @@ def _run_latency(ns: dict[str, Any], warmup: int, costs_ms: list[float]) -> dict
     ns["synchronize"] = logged_sync
     course_lib.device.synchronize = logged_sync  # type: ignore[assignment]
     try:
-        report = call(measure, model, torch.randn(3, 4), torch.device("cpu"), warmup=warmup, reps=len(costs_ms),
+        report = call(measure, model, torch.randn(batch, 4), torch.device("cpu"), warmup=warmup, reps=len(costs_ms),
                       timer=clock)
     finally:
         course_lib.device.synchronize = saved_mod  # type: ignore[assignment]
@@ -152,14 +156,19 @@ def _report(seen: dict[str, Any]) -> dict[str, Any]:
 
 @check_for("10", "warm-up excluded, median of repetitions", points=2)
 def latency_median(ns: dict[str, Any]) -> None:
-    costs = [2.0, 7.0, 3.0, 40.0, 5.0]  # ms per timed call; median 5, mean 11.4
-    seen = observe(ns, _run_latency, 3, costs)
+    # ms per timed call, different in every grading run: four distinct short ones and a 40 ms outlier (so the
+    # median differs from the mean and from the median of every call, warm-up included)
+    draw = random.Random(run_seed(ns))
+    costs = [float(c) for c in draw.sample(range(1, 10), 4)] + [40.0]
+    draw.shuffle(costs)
+    warmup = 2 + run_seed(ns) % 3
+    seen = observe(ns, _run_latency, warmup, costs)
     report = _report(seen)
-    if len(seen["calls"]) != 3 + len(costs):
+    if len(seen["calls"]) != warmup + len(costs):
         raise CheckFailed(
             "the model should run warmup + reps times in total",
             hint="run `warmup` untimed calls, then time `reps` calls one by one",
-            expected=3 + len(costs),
+            expected=warmup + len(costs),
             got=len(seen["calls"]),
         )
     got = report.get("median_ms")
@@ -181,9 +190,13 @@ def latency_median(ns: dict[str, Any]) -> None:
 
 @check_for("10", "eval mode, inference_mode, synchronised", points=1)
 def latency_conditions(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _run_latency, 2, [1.0, 2.0, 3.0])
+    warmup, reps = 1 + run_seed(ns) % 4, 2 + run_seed(ns) // 4 % 3  # different in every grading run
+    seen = observe(ns, _run_latency, warmup, [float(c) for c in range(1, reps + 1)])
     _report(seen)
     calls, log = seen["calls"], seen["log"]
+    if log.count("model") != warmup + reps:
+        raise CheckFailed("the model should run warmup + reps times in total", expected=warmup + reps,
+                          got=log.count("model"))
     if not calls or not all(no_grad for no_grad, _ in calls):
         raise CheckFailed(
             "every forward call should run under torch.inference_mode() (no autograd bookkeeping)",
@@ -213,7 +226,9 @@ def latency_conditions(ns: dict[str, Any]) -> None:
 
 @check_for("10", "the report says what was measured", points=1)
 def latency_report(ns: dict[str, Any]) -> None:
-    report = _report(observe(ns, _run_latency, 1, [1.0, 1.0]))
+    seed = run_seed(ns)
+    warmup, reps, batch = 1 + seed % 3, 2 + seed % 2, 2 + seed % 5  # different in every grading run
+    report = _report(observe(ns, _run_latency, warmup, [1.0] * reps, batch))
     missing = [k for k in REPORT_KEYS if k not in report]
     if missing:
         raise CheckFailed(
@@ -224,14 +239,15 @@ def latency_report(ns: dict[str, Any]) -> None:
         )
     wrong = {
         k: report[k]
-        for k, want in (("batch", 3), ("warmup", 1), ("reps", 2), ("shape", (3, 4)))
+        for k, want in (("batch", batch), ("warmup", warmup), ("reps", reps), ("shape", (batch, 4)))
         if (tuple(report[k]) if k == "shape" and isinstance(report[k], list) else report[k]) != want
     }
     if "cpu" not in str(report["device"]):
         wrong["device"] = report["device"]
     if wrong:
         raise CheckFailed(
-            "some report fields do not describe this measurement (input [3, 4] on the CPU, warmup=1, reps=2)",
-            expected={"batch": 3, "shape": (3, 4), "device": "cpu", "warmup": 1, "reps": 2},
+            f"some report fields do not describe this measurement (input [{batch}, 4] on the CPU, warmup={warmup}, "
+            f"reps={reps})",
+            expected={"batch": batch, "shape": (batch, 4), "device": "cpu", "warmup": warmup, "reps": reps},
             got=wrong,
         )

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 
 MONITOR = "val_loss"
 
 
-def _module(ns: dict[str, Any], lr: float = 0.0123) -> Any:
+def _module(ns: dict[str, Any], lr: float) -> Any:
     cls = need(ns, "LitClassifier", "define `class LitClassifier(ClassifierBase)` with configure_optimizers")
     torch.manual_seed(0)
     return cls(lr=lr)
@@ -35,9 +35,14 @@ def _describe_scheduler(scheduler: Any, optimizer: Any) -> dict[str, Any]:
             "same_optimizer": plateau and scheduler.optimizer is optimizer}
 
 
-def _configured(ns: dict[str, Any]) -> dict[str, Any]:
+def _lr(ns: dict[str, Any]) -> float:
+    """The module's learning rate: different in every grading run."""
+    return round(0.01 + run_seed(ns) % 97 / 10_000, 4)
+
+
+def _configured(ns: dict[str, Any], lr: float) -> dict[str, Any]:
     """configure_optimizers' return value, described as data (Lightning's dict forms)."""
-    config = call(_module(ns).configure_optimizers)
+    config = call(_module(ns, lr).configure_optimizers)
     if not isinstance(config, dict):
         return {"form": type(config).__name__}
     opt = config.get("optimizer")
@@ -57,7 +62,8 @@ def _configured(ns: dict[str, Any]) -> dict[str, Any]:
 
 @check_for("12", "plateau scheduler dict", points=2)
 def plateau_dict(ns: dict[str, Any]) -> None:
-    config = observe(ns, _configured)
+    lr = _lr(ns)
+    config = observe(ns, _configured, lr)
     if config["form"] != "dict" or "optimizer" not in config["keys"] or "lr_scheduler" not in config["keys"]:
         raise CheckFailed(
             "configure_optimizers should return a dict with 'optimizer' and 'lr_scheduler': a plateau scheduler "
@@ -66,10 +72,10 @@ def plateau_dict(ns: dict[str, Any]) -> None:
             got=config["form"] if config["form"] != "dict" else config["keys"],
         )
     opt, sched = config["optimizer"], config["lr_scheduler"]
-    if not opt["is_optimizer"] or abs(opt["lr"] - 0.0123) > 1e-12:
+    if not opt["is_optimizer"] or abs(opt["lr"] - lr) > 1e-12:
         raise CheckFailed(
             "the optimizer should train this module's parameters at the module's learning rate (self.hparams.lr)",
-            expected="an Optimizer with lr=0.0123",
+            expected=f"an Optimizer with lr={lr}",
             got=opt["shown"],
         )
     # Lightning's two spellings: {"lr_scheduler": {"scheduler": s, "monitor": ...}} or the flat
@@ -94,12 +100,17 @@ def plateau_dict(ns: dict[str, Any]) -> None:
         )
 
 
-def _callbacks(ns: dict[str, Any]) -> Any:
+def _stopping(ns: dict[str, Any]) -> tuple[int, float]:
+    """patience and min_delta passed to make_callbacks: different in every grading run."""
+    return 2 + run_seed(ns) % 7, round(0.005 + run_seed(ns) % 50 / 1000, 3)
+
+
+def _callbacks(ns: dict[str, Any], patience: int, min_delta: float) -> Any:
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     make = need(ns, "make_callbacks", "define `make_callbacks(dirpath, patience=3, min_delta=1e-3)` returning a list")
     with tempfile.TemporaryDirectory() as tmp:
-        cbs = call(make, tmp, patience=5, min_delta=0.02)
+        cbs = call(make, tmp, patience=patience, min_delta=min_delta)
     if not isinstance(cbs, (list, tuple)):
         return one_line(cbs)
     out = []
@@ -116,7 +127,8 @@ def _callbacks(ns: dict[str, Any]) -> Any:
 
 @check_for("12", "EarlyStopping and ModelCheckpoint settings", points=2)
 def callbacks(ns: dict[str, Any]) -> None:
-    cbs = observe(ns, _callbacks)
+    patience, min_delta = _stopping(ns)
+    cbs = observe(ns, _callbacks, patience, min_delta)
     kinds = [c["kind"] for c in cbs] if isinstance(cbs, list) else cbs
     stops = [c for c in cbs if c["kind"] == "EarlyStopping"] if isinstance(cbs, list) else []
     ckpts = [c for c in cbs if c["kind"] == "ModelCheckpoint"] if isinstance(cbs, list) else []
@@ -124,9 +136,9 @@ def callbacks(ns: dict[str, Any]) -> None:
         raise CheckFailed("make_callbacks should return one EarlyStopping and one ModelCheckpoint", got=kinds)
     es, mc = stops[0], ckpts[0]
     got_es = {k: es[k] for k in ("monitor", "mode", "patience", "min_delta")}
-    want_es = {"monitor": MONITOR, "mode": "min", "patience": 5, "min_delta": 0.02}
-    if got_es["monitor"] != MONITOR or got_es["mode"] != "min" or got_es["patience"] != 5 or abs(
-        got_es["min_delta"] - 0.02
+    want_es = {"monitor": MONITOR, "mode": "min", "patience": patience, "min_delta": min_delta}
+    if got_es["monitor"] != MONITOR or got_es["mode"] != "min" or got_es["patience"] != patience or abs(
+        got_es["min_delta"] - min_delta
     ) > 1e-12:
         raise CheckFailed(
             "EarlyStopping should watch val_loss (lower is better) with the patience and min_delta passed in",
@@ -146,8 +158,8 @@ def callbacks(ns: dict[str, Any]) -> None:
         )
 
 
-def _loaders() -> tuple[DataLoader, DataLoader]:
-    g = torch.Generator().manual_seed(1)
+def _loaders(seed: int) -> tuple[DataLoader, DataLoader]:
+    g = torch.Generator().manual_seed(1 + seed)
     x = torch.randn(48, 8, generator=g)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
     train = DataLoader(TensorDataset(x[:32], y[:32]), batch_size=8)
@@ -155,21 +167,36 @@ def _loaders() -> tuple[DataLoader, DataLoader]:
     return train, val
 
 
-def _fit(ns: dict[str, Any]) -> dict[str, Any]:
+def _planted_weights(seed: int, shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    """Weights written into the best checkpoint, drawn from the grading run's seed.
+
+    The grader computes them itself from the shapes, so the only way to return them is to load that file: a
+    submission cannot make a recorded "best" and a recorded "loaded" agree by changing both.
+    """
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(shapes[k], generator=g) for k in sorted(shapes)}
+
+
+# ClassifierBase's parameters (the notebook's set-up cell): the planted checkpoint must cover at least these.
+_BASE_SHAPES = {"net.0.weight": [32, 8], "net.0.bias": [32], "net.2.weight": [3, 32], "net.2.bias": [3]}
+
+
+def _fit(ns: dict[str, Any], seed: int) -> dict[str, Any]:
     make = need(ns, "make_callbacks", "define `make_callbacks(dirpath, patience=3, min_delta=1e-3)`")
     load_best = need(ns, "load_best", "define `load_best(trainer, cls)` returning a model loaded from the best checkpoint")
     module = _module(ns, lr=0.05)
-    train, val = _loaders()
+    train, val = _loaders(seed)
     quiet = logging.getLogger("lightning.pytorch")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # no "GPU available: ..." banner inside the check table
     try:
-        return _fit_and_load(module, type(module), make, load_best, train, val)
+        return _fit_and_load(module, type(module), make, load_best, train, val, seed)
     finally:
         quiet.setLevel(level)
 
 
-def _fit_and_load(module: Any, cls: type, make: Any, load_best: Any, train: DataLoader, val: DataLoader) -> dict[str, Any]:
+def _fit_and_load(module: Any, cls: type, make: Any, load_best: Any, train: DataLoader, val: DataLoader,
+                  seed: int) -> dict[str, Any]:
     import lightning as L
 
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -191,13 +218,17 @@ def _fit_and_load(module: Any, cls: type, make: Any, load_best: Any, train: Data
         best_path = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         if not best_path:
             return {"best": None}
-        best = torch.load(best_path, map_location="cpu", weights_only=False)["state_dict"]
+        # Plant weights only the grader can predict in the best checkpoint (keeping Lightning's other entries).
+        checkpoint = torch.load(best_path, map_location="cpu", weights_only=False)
+        shapes = {k: list(v.shape) for k, v in checkpoint["state_dict"].items() if v.is_floating_point()}
+        checkpoint["state_dict"].update(_planted_weights(seed, shapes))
+        torch.save(checkpoint, best_path)
         # What the trainer holds now is the *last* state; make it clearly different from the best one.
         with torch.no_grad():
             for p in trainer.lightning_module.parameters():
                 p.add_(1.0)
         loaded = call(load_best, trainer, cls)
-        return {"best": {k: v.cpu() for k, v in best.items()}, "best_name": best_path.rsplit("/", 1)[-1],
+        return {"best": shapes, "best_name": best_path.rsplit("/", 1)[-1],
                 "loaded_type": type(loaded).__name__, "is_cls": isinstance(loaded, cls),
                 "loaded": {k: v.detach().cpu() for k, v in loaded.state_dict().items()} if isinstance(loaded, cls)
                 else None}
@@ -205,7 +236,8 @@ def _fit_and_load(module: Any, cls: type, make: Any, load_best: Any, train: Data
 
 @check_for("12", "tiny fit; load_best restores the best checkpoint", points=2)
 def fit_and_load_best(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _fit)
+    seed = run_seed(ns)
+    seen = observe(ns, _fit, seed)
     if seen["best"] is None:
         raise CheckFailed("no best checkpoint was written", hint="pass dirpath to ModelCheckpoint and monitor val_loss")
     if not seen["is_cls"]:
@@ -214,7 +246,11 @@ def fit_and_load_best(ns: dict[str, Any]) -> None:
             hint="cls.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)",
             got=seen["loaded_type"],
         )
-    best, state = seen["best"], seen["loaded"]
+    shapes, state = seen["best"], seen["loaded"]
+    if not isinstance(shapes, dict) or any(shapes.get(k) != v for k, v in _BASE_SHAPES.items()):
+        raise CheckFailed("the best checkpoint should hold the LitClassifier's weights (ClassifierBase's layers)",
+                          expected=_BASE_SHAPES, got=shapes)
+    best = _planted_weights(seed, shapes)
     wrong = [k for k, v in best.items() if k not in state or not torch.equal(state[k], v)]
     if wrong:
         raise CheckFailed(

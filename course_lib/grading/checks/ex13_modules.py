@@ -15,26 +15,48 @@ from typing import Any
 import torch
 from torch import nn
 
-from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 
-SIZES = [5, 9, 7, 3]  # three Linear layers; the notebook shows other sizes
-HEADS = {"colour": 4, "shape": 6, "size": 2}
+LINEARS = 3  # layers of every StackMLP the checks build
 
 
-def _stack(ns: dict[str, Any], p: float = 0.0) -> nn.Module:
+def _sizes(seed: int) -> list[int]:
+    """Three Linear layers, widths different in every grading run (and from the ones the notebook shows)."""
+    return [5 + seed % 4, 9 + seed % 3, 7 + seed % 5, 3 + seed % 2]
+
+
+def _head_sizes(seed: int) -> dict[str, int]:
+    return {"colour": 4 + seed % 3, "shape": 6, "size": 2 + seed % 4}
+
+
+def _batch(seed: int) -> int:
+    """Rows of the inputs the checks feed in: different in every grading run."""
+    return 16 + seed % 17
+
+
+def _check_shape(out: Any, want: tuple[int, ...]) -> None:
+    """The output must have come from this run's inputs (widths and batch change from run to run)."""
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
+        raise CheckFailed("the output does not have the shape these inputs give",
+                          hint="return the last layer's output ([batch, sizes[-1]]; a dict of heads for MultiHead)",
+                          expected=want, got=tuple(out.shape) if isinstance(out, torch.Tensor) else out)
+
+
+def _stack(ns: dict[str, Any], seed: int, p: float = 0.0) -> nn.Module:
     cls = need(ns, "StackMLP", "define `class StackMLP(nn.Module)` taking `sizes` (a list of widths) and `p`")
     torch.manual_seed(0)
-    return call(cls, list(SIZES), p=p)
+    return call(cls, _sizes(seed), p=p)
 
 
-def _multi(ns: dict[str, Any], p: float = 0.0) -> nn.Module:
+def _multi(ns: dict[str, Any], seed: int, p: float = 0.0) -> nn.Module:
     cls = need(ns, "MultiHead", "define `class MultiHead(nn.Module)` taking `d_in, d_hidden, heads, p`")
     torch.manual_seed(0)
-    return call(cls, 6, 10, dict(HEADS), p=p)
+    return call(cls, 6, 10, _head_sizes(seed), p=p)
 
 
-def _x(batch: int, d_in: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(batch, d_in, generator=torch.Generator().manual_seed(batch * 100 + d_in), dtype=dtype)
+def _x(seed: int, batch: int, d_in: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 10_000 + batch * 100 + d_in)
+    return torch.randn(batch, d_in, generator=g, dtype=dtype)
 
 
 def _flat(out: Any) -> Any:
@@ -43,12 +65,12 @@ def _flat(out: Any) -> Any:
     return out.detach() if isinstance(out, torch.Tensor) else one_line(out)
 
 
-def _stack_seen(ns: dict[str, Any]) -> dict[str, Any]:
-    model = _stack(ns)
+def _stack_seen(ns: dict[str, Any], seed: int) -> dict[str, Any]:
+    model = _stack(ns, seed)
     linears = [[m.weight.detach(), m.bias.detach() if m.bias is not None else None]
                for m in model.modules() if isinstance(m, nn.Linear)]
     return {"numel": sum(p.numel() for p in model.parameters()), "linears": linears,
-            "out": _flat(model.eval()(_x(4, SIZES[0])))}
+            "out": _flat(model.eval()(_x(seed, 4, _sizes(seed)[0])))}
 
 
 def _reference_forward(linears: list[list[torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
@@ -62,35 +84,39 @@ def _reference_forward(linears: list[list[torch.Tensor]], x: torch.Tensor) -> to
 
 @check_for("13", "every layer is registered", points=1)
 def layers_registered(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _stack_seen)
-    expected = sum(a * b + b for a, b in zip(SIZES[:-1], SIZES[1:]))
+    seed = run_seed(ns)
+    sizes = _sizes(seed)
+    seen = observe(ns, _stack_seen, seed)
+    expected = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
     got = seen["numel"]
     if got != expected:
         raise CheckFailed(
-            f"StackMLP({SIZES}) should own {len(SIZES) - 1} Linear layers, but parameters() sees {got} numbers",
+            f"StackMLP({sizes}) should own {len(sizes) - 1} Linear layers, but parameters() sees {got} numbers",
             hint="layers kept in a plain Python list are invisible to parameters(); keep them in nn.ModuleList",
             expected=expected,
             got=got,
         )
     out = seen["out"]
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (4, SIZES[-1]):
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (4, sizes[-1]):
         raise CheckFailed(
             "forward should map [batch, sizes[0]] to [batch, sizes[-1]]",
             hint="apply every layer in order (an activation between layers, none after the last)",
-            expected=(4, SIZES[-1]),
+            expected=(4, sizes[-1]),
             got=tuple(out.shape) if isinstance(out, torch.Tensor) else out,
         )
 
 
 @check_for("13", "forward: ReLU between layers, none after the last", points=1)
 def forward_values(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _stack_seen)
+    seed = run_seed(ns)
+    sizes = _sizes(seed)
+    seen = observe(ns, _stack_seen, seed)
     out, linears = seen["out"], seen["linears"]
     shapes = [tuple(w.shape) for w, _ in linears]
-    if shapes != [(b, a) for a, b in zip(SIZES[:-1], SIZES[1:])] or not isinstance(out, torch.Tensor):
+    if shapes != [(b, a) for a, b in zip(sizes[:-1], sizes[1:])] or not isinstance(out, torch.Tensor):
         raise CheckFailed("StackMLP should hold one Linear per pair of consecutive sizes, in order",
-                          expected=[(b, a) for a, b in zip(SIZES[:-1], SIZES[1:])], got=shapes)
-    want = _reference_forward(linears, _x(4, SIZES[0]))
+                          expected=[(b, a) for a, b in zip(sizes[:-1], sizes[1:])], got=shapes)
+    want = _reference_forward(linears, _x(seed, 4, sizes[0]))
     if out.shape != want.shape or not torch.allclose(out, want, atol=1e-5):
         hint = ("the output has no negative numbers: a ReLU after the last layer cuts off the logits"
                 if (out >= 0).all() and (want < 0).any() else
@@ -99,19 +125,21 @@ def forward_values(ns: dict[str, Any]) -> None:
                           hint=hint, expected=want[0].tolist(), got=out[0].tolist())
 
 
-def _train_outputs(ns: dict[str, Any]) -> Any:
-    model = _stack(ns, p=0.5)
+def _train_outputs(ns: dict[str, Any], seed: int) -> Any:
+    model = _stack(ns, seed, p=0.5)
     model.train()
     torch.manual_seed(1)
     with torch.no_grad():
-        return _flat(model(_x(64, SIZES[0])))
+        return _flat(model(_x(seed, _batch(seed), _sizes(seed)[0])))
 
 
 @check_for("13", "no dropout after the last layer", points=1)
 def no_final_dropout(ns: dict[str, Any]) -> None:
-    out = observe(ns, _train_outputs)
+    seed = run_seed(ns)
+    out = observe(ns, _train_outputs, seed)
     if not isinstance(out, torch.Tensor):
         raise CheckFailed("StackMLP.forward should return a tensor", got=out)
+    _check_shape(out, (_batch(seed), _sizes(seed)[-1]))
     zeros = float((out == 0).float().mean())
     if zeros > 0.25:  # a Linear layer's output is practically never exactly 0; dropout(0.5) zeroes half
         raise CheckFailed(
@@ -119,25 +147,27 @@ def no_final_dropout(ns: dict[str, Any]) -> None:
             "output, which randomly erases logits",
             hint="apply dropout between layers only, never to the last Linear's output",
             expected="(almost) no exact zeros", got=f"{zeros:.0%} zeros")
-def _state_and_to(ns: dict[str, Any]) -> dict[str, Any]:
-    model = _stack(ns)
+def _state_and_to(ns: dict[str, Any], seed: int) -> dict[str, Any]:
+    model = _stack(ns, seed)
     keys = [k for k in model.state_dict() if k.endswith("weight")]
     model.to(torch.float64)  # .to(dtype) walks the same tree as .to(device)
     left_behind = [n for n, p in model.named_parameters() if p.dtype != torch.float64]
-    out = model.eval()(_x(2, SIZES[0], torch.float64))
-    return {"keys": keys, "left_behind": left_behind,
+    out = model.eval()(_x(seed, _batch(seed), _sizes(seed)[0], torch.float64))
+    return {"keys": keys, "left_behind": left_behind, "out": _flat(out),
             "out_dtype": str(out.dtype) if isinstance(out, torch.Tensor) else one_line(out)}
 
 
 @check_for("13", "state_dict and .to() see the layers", points=1)
 def state_and_to(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _state_and_to)
+    seed = run_seed(ns)
+    seen = observe(ns, _state_and_to, seed)
+    _check_shape(seen["out"], (_batch(seed), _sizes(seed)[-1]))
     keys = seen["keys"]
-    if len(keys) != len(SIZES) - 1:
+    if len(keys) != LINEARS:
         raise CheckFailed(
             "state_dict() should hold one weight per Linear layer: a checkpoint would lose the others",
             hint="registered submodules (nn.ModuleList) are saved; list elements are not",
-            expected=f"{len(SIZES) - 1} '...weight' keys",
+            expected=f"{LINEARS} '...weight' keys",
             got=keys,
         )
     if seen["left_behind"] or seen["out_dtype"] != "torch.float64":
@@ -150,26 +180,26 @@ def state_and_to(ns: dict[str, Any]) -> None:
 
 
 class _Hidden(nn.Module):  # a plain list hides two layers; one frozen layer still counts
-    def __init__(self) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
-        self.seen = nn.Linear(3, 4)
-        self.frozen = nn.Linear(4, 2)
+        self.seen = nn.Linear(3, width)
+        self.frozen = nn.Linear(width, 2)
         self.frozen.requires_grad_(False)
-        self.hidden = [nn.Linear(4, 4), nn.Linear(4, 4)]
+        self.hidden = [nn.Linear(width, width), nn.Linear(width, width)]
 
 
-def _count_models() -> list[nn.Module]:
-    return [_Hidden(), nn.Sequential(nn.Embedding(11, 3), nn.LayerNorm(3))]
+def _count_models(seed: int) -> list[nn.Module]:
+    return [_Hidden(4 + seed % 6), nn.Sequential(nn.Embedding(11 + seed % 13, 3), nn.LayerNorm(3))]
 
 
-def _counts(ns: dict[str, Any]) -> list[Any]:
+def _counts(ns: dict[str, Any], seed: int) -> list[Any]:
     count = need(ns, "count_registered", "define `count_registered(model) -> int`")
-    return [one_line(call(count, model)) for model in _count_models()]
+    return [one_line(call(count, model)) for model in _count_models(seed)]
 
 
 @check_for("13", "count_registered", points=1)
 def counts(ns: dict[str, Any]) -> None:
-    for model, got in zip(_count_models(), observe(ns, _counts)):
+    for model, got in zip(_count_models(run_seed(ns)), observe(ns, _counts, run_seed(ns))):
         expected = sum(p.numel() for p in model.parameters())
         if got != repr(expected):
             raise CheckFailed(
@@ -181,28 +211,29 @@ def counts(ns: dict[str, Any]) -> None:
             )
 
 
-def _heads(ns: dict[str, Any]) -> dict[str, Any]:
-    model = _multi(ns)
-    out = model.eval()(_x(3, 6))
+def _heads(ns: dict[str, Any], seed: int) -> dict[str, Any]:
+    model = _multi(ns, seed)
+    out = model.eval()(_x(seed, 3, 6))
     return {"out": _flat(out) if isinstance(out, dict) else type(out).__name__, "keys": sorted(model.state_dict())}
 
 
 @check_for("13", "ModuleDict of heads", points=1)
 def multi_head(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _heads)
+    heads = _head_sizes(run_seed(ns))
+    seen = observe(ns, _heads, run_seed(ns))
     out = seen["out"]
-    if not isinstance(out, dict) or set(out) != set(HEADS):
+    if not isinstance(out, dict) or set(out) != set(heads):
         raise CheckFailed(
             "MultiHead.forward should return a dict with one entry per head name",
             hint="return {name: head(features) for name, head in self.heads.items()}",
-            expected=sorted(HEADS),
+            expected=sorted(heads),
             got=sorted(out) if isinstance(out, dict) else out,
         )
     shapes = {k: tuple(v.shape) for k, v in out.items()}
-    want = {k: (3, n) for k, n in HEADS.items()}
+    want = {k: (3, n) for k, n in heads.items()}
     if shapes != want:
         raise CheckFailed("each head should output [batch, n_outputs of that head]", expected=want, got=shapes)
-    missing = [f"heads.{name}.weight" for name in HEADS if f"heads.{name}.weight" not in seen["keys"]]
+    missing = [f"heads.{name}.weight" for name in heads if f"heads.{name}.weight" not in seen["keys"]]
     if missing:
         raise CheckFailed(
             "the heads should be registered in an nn.ModuleDict attribute called `heads`",
@@ -216,10 +247,10 @@ def _flatten(out: Any) -> torch.Tensor:
     return torch.cat([v.flatten() for v in out.values()]) if isinstance(out, dict) else out
 
 
-def _modes(ns: dict[str, Any]) -> list[dict[str, Any]]:
+def _modes(ns: dict[str, Any], seed: int) -> list[dict[str, Any]]:
     seen = []
-    for model, d_in in ((_stack(ns, p=0.5), SIZES[0]), (_multi(ns, p=0.5), 6)):
-        x = _x(16, d_in)
+    for model, d_in in ((_stack(ns, seed, p=0.5), _sizes(seed)[0]), (_multi(ns, seed, p=0.5), 6)):
+        x = _x(seed, _batch(seed), d_in)
         model.train()
         with torch.no_grad():
             train = [_flatten(model(x)).detach(), _flatten(model(x)).detach()]
@@ -232,7 +263,10 @@ def _modes(ns: dict[str, Any]) -> list[dict[str, Any]]:
 
 @check_for("13", "train()/eval() toggle dropout", points=1)
 def dropout_modes(ns: dict[str, Any]) -> None:
-    for seen in observe(ns, _modes):
+    seed = run_seed(ns)
+    for seen, width in zip(observe(ns, _modes, seed), (_sizes(seed)[-1], sum(_head_sizes(seed).values()))):
+        for out in seen["train"] + seen["eval"]:
+            _check_shape(out.reshape(-1) if isinstance(out, torch.Tensor) else out, (_batch(seed) * width,))
         if torch.equal(*seen["train"]):
             raise CheckFailed(
                 f"{seen['name']} in train() mode gave identical outputs twice with p=0.5: is dropout used?",
@@ -245,18 +279,18 @@ def dropout_modes(ns: dict[str, Any]) -> None:
             )
 
 
-def _purity(ns: dict[str, Any]) -> list[dict[str, Any]]:
+def _purity(ns: dict[str, Any], seed: int) -> list[dict[str, Any]]:
     seen = []
-    for model, d_in in ((_stack(ns, p=0.2), SIZES[0]), (_multi(ns, p=0.2), 6)):
+    for model, d_in in ((_stack(ns, seed, p=0.2), _sizes(seed)[0]), (_multi(ns, seed, p=0.2), 6)):
         model.eval()
         before = {k: v.clone() for k, v in model.state_dict().items()}
         attrs = set(vars(model))
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed), torch.no_grad():
-            model(_x(2, d_in))
-            model(_x(2, d_in))
+            model(_x(seed, 2, d_in))
+            out = _flatten(model(_x(seed, _batch(seed), d_in)))
         after = model.state_dict()
-        seen.append({"name": type(model).__name__, "printed": printed.getvalue()[:60],
+        seen.append({"name": type(model).__name__, "printed": printed.getvalue()[:60], "out": _flat(out),
                      "changed": [k for k in before if k not in after or not torch.equal(before[k], after[k])],
                      "new attributes": sorted(set(vars(model)) - attrs), "training": model.training})
     return seen
@@ -264,7 +298,9 @@ def _purity(ns: dict[str, Any]) -> list[dict[str, Any]]:
 
 @check_for("13", "forward is pure", points=1)
 def forward_pure(ns: dict[str, Any]) -> None:
-    for seen in observe(ns, _purity):
+    seed = run_seed(ns)
+    for seen, width in zip(observe(ns, _purity, seed), (_sizes(seed)[-1], sum(_head_sizes(seed).values()))):
+        _check_shape(seen["out"], (_batch(seed) * width,) if seen["name"] == "MultiHead" else (_batch(seed), width))
         if seen["printed"] or seen["changed"] or seen["new attributes"] or seen["training"]:
             raise CheckFailed(
                 f"{seen['name']}.forward should only compute: no printing, no stored state, no mode changes",
