@@ -11,7 +11,8 @@ the concatenation of the group's micro-batches would. The checks run both on sha
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
+from course_lib.grading.checks.common import CountingSGD
 from course_lib.train.accumulate import train_accumulated as reference_train_accumulated
 
 LR = 0.3
@@ -86,18 +88,6 @@ def _max_diff(a: Any, b: nn.Module) -> float:
     return max((p - q).abs().max().item() for p, q in zip(params, b.parameters()))
 
 
-class _CountingSGD(torch.optim.SGD):
-    """SGD that counts its steps."""
-
-    def __init__(self, params: Any, lr: float) -> None:
-        super().__init__(params, lr=lr)
-        self.steps_taken = 0
-
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        self.steps_taken += 1
-        return super().step(closure)
-
-
 def _as_result(result: Any) -> Any:
     if not isinstance(result, dict):
         return one_line(result)
@@ -121,7 +111,7 @@ def _trained(ns: dict[str, Any], seed: int, weighted: bool) -> dict[str, Any]:
                   "define `train_accumulated(model, loader, optimizer, device, microbatches=4)`")
         data, extra = _data(seed), ()
     model = _model(seed)
-    opt = _CountingSGD(model.parameters(), lr=LR)
+    opt = CountingSGD(model.parameters(), lr=LR)
     result = call(fn, model, _loader(data), opt, torch.device("cpu"), *extra, microbatches=ACCUM)
     return {"steps_taken": opt.steps_taken, "result": _as_result(result),
             "weights": [p.detach() for p in model.parameters()]}

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
+from course_lib.grading.checks.common import CountingSGD
 
 SCALE = 4096.0
 MAX_NORM = 0.05  # small, so clipping is active and its placement matters
@@ -255,18 +256,6 @@ def _check_this_run(seed: int, dtype: torch.dtype, seen: dict[str, Any]) -> None
 # ------------------------------------------------------------------ AMP inside an accumulation group
 
 
-class _CountingSGD(torch.optim.SGD):
-    """SGD that counts its real steps (a GradScaler skips the call on overflow)."""
-
-    def __init__(self, params: Any, lr: float) -> None:
-        super().__init__(params, lr=lr)
-        self.steps_taken = 0
-
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        self.steps_taken += 1
-        return super().step(closure)
-
-
 def _micro_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Three micro-batches of uneven sizes (different in every grading run)."""
     x, y = _batch(seed)  # 10 samples
@@ -286,7 +275,7 @@ def _accumulated(ns: dict[str, Any], seed: int, overflow: bool) -> dict[str, Any
               "define `amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm)`")
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100 if overflow else _group_scale(seed), growth_interval=1)
     model = _Probe(seed)
-    opt = _CountingSGD(model.parameters(), lr=0.5)
+    opt = CountingSGD(model.parameters(), lr=0.5)
     batches = _micro_batches(seed)
     if overflow:  # one huge micro-batch: its scaled gradients overflow, so the whole group must be skipped
         batches[1] = (batches[1][0] * 1e30, batches[1][1])
