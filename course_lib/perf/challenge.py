@@ -210,17 +210,20 @@ def time_against_original(candidate: Trainer, *, seed: int, cfg: ChallengeConfig
 
     contenders = {"yours": contender("yours", candidate), "original": contender("original", train_original)}
     measured, intact = [], True
-    for _ in range(attempts):
+    try:
+        for _ in range(attempts):
+            protocol._clock = _TRUSTED_CLOCK
+            started = _CHECK_CLOCK_NS()
+            comparison = protocol.compare(contenders, rounds=rounds, warmup=1, min_round_s=0.005)
+            elapsed = (_CHECK_CLOCK_NS() - started) / 1e9
+            intact = intact and protocol._clock is _TRUSTED_CLOCK
+            measured.append({"yours": list(comparison["yours"].seconds),
+                             "original": list(comparison["original"].seconds),
+                             "elapsed_s": elapsed, "calls": dict(comparison.calls_per_round)})
+            if comparison.verdict("yours", "original").outcome != "busy":
+                break
+    finally:
         protocol._clock = _TRUSTED_CLOCK
-        started = _CHECK_CLOCK_NS()
-        comparison = protocol.compare(contenders, rounds=rounds, warmup=1, min_round_s=0.005)
-        elapsed = (_CHECK_CLOCK_NS() - started) / 1e9
-        intact = intact and protocol._clock is _TRUSTED_CLOCK
-        measured.append({"yours": list(comparison["yours"].seconds), "original": list(comparison["original"].seconds),
-                         "elapsed_s": elapsed, "calls": dict(comparison.calls_per_round)})
-        if comparison.verdict("yours", "original").outcome != "busy":
-            break
-    protocol._clock = _TRUSTED_CLOCK
     return {"attempts": measured, "clock_intact": intact,
             "last_call": {"seed": last["seed"], "losses": as_losses(last["losses"])}}
 

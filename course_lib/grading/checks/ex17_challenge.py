@@ -26,9 +26,9 @@ from course_lib.perf.challenge import (
     SPEED_THRESHOLD,
     ChallengeConfig,
     as_losses,
-    channel_stats,
     challenge_data,
     challenge_model,
+    channel_stats,
     judge_speed,
     losses_match,
     time_against_original,
@@ -72,7 +72,7 @@ def _counting_all_samples(model: torch.nn.Module, images: torch.Tensor, labels: 
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
