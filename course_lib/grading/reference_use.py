@@ -27,6 +27,7 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "10": ("course_lib.perf.memory.stored_bytes", "course_lib.perf.memory.count_parameters",
            "course_lib.perf.timing.measure_latency"),
     "11": ("course_lib.distributed.scaled_lr",),
+    "17": ("course_lib.perf.challenge.train_reference",),
 }
 
 
