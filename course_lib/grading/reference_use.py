@@ -32,6 +32,7 @@ REFERENCES: dict[str, tuple[str, ...]] = {
            "course_lib.train.checkpoint.save_checkpoint", "course_lib.train.checkpoint.load_checkpoint",
            "course_lib.train.checkpoint.rng_state", "course_lib.train.checkpoint.set_rng_state",
            "course_lib.train.checkpoint.atomic_write", "course_lib.train.checkpoint.atomic_torch_save"),
+    "17": ("course_lib.perf.challenge.train_reference",),
 }
 
 

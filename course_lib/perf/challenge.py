@@ -1,0 +1,270 @@
+"""The capstone challenge: a slow training function to make fast without changing what it computes.
+
+:func:`train_original` trains a small classifier on uint8 images for one epoch with gradient accumulation. Its
+data and model are right, but its loop wastes most of its time the way real scripts do, and it averages the
+accumulated loss with the outdated ``loss / accum`` recipe:
+
+* a collate function that converts and normalises every sample channel by channel in Python;
+* the dataset's channel statistics recomputed for every micro-batch (they never change);
+* labels rebuilt from Python ints, one ``int(...)`` per sample;
+* a ``.item()`` per micro-batch to add up a logged loss;
+* ``mean / accum`` per micro-batch, which over-weights the samples of a short last group and counts unlabelled
+  samples (target ``-100``) in the average's denominator.
+
+The objective (what a correct, fast version computes) is :func:`train_reference`: one SGD-with-momentum step per
+group of ``accum`` micro-batches, each step on the mean loss over the *labelled* samples of its group, and one
+loss per step (the group's mean before its step). :func:`time_against_original` is the harness that measures a
+candidate against the original side by side with the course's protocol (:func:`course_lib.perf.compare.compare`),
+each call on fresh data, and returns plain data for a grader to judge.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from course_lib.perf import compare as protocol
+
+__all__ = [
+    "IGNORE",
+    "as_losses",
+    "channel_stats",
+    "judge_speed",
+    "losses_match",
+    "SPEED_THRESHOLD",
+    "ChallengeConfig",
+    "PerSampleCollate",
+    "challenge_data",
+    "challenge_model",
+    "train_original",
+    "train_reference",
+    "time_against_original",
+]
+
+IGNORE = -100  # target of an unlabelled sample: no loss, not counted
+# How many times faster than the original a submission must be. The reference reaches 5-10x on a 2-core laptop,
+# quiet or with two busy cores (docs/grading.md has the figures); 2.5x leaves room for noise and slower machines.
+SPEED_THRESHOLD = 2.5
+CHANNELS, SIZE, CLASSES = 3, 16, 10
+
+
+@dataclass(frozen=True)
+class ChallengeConfig:
+    """What one epoch of the challenge does: ``accum`` micro-batches of ``micro_batch`` samples per SGD step."""
+
+    micro_batch: int = 16
+    accum: int = 4
+    lr: float = 0.05
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.micro_batch < 1 or self.accum < 1:
+            raise ValueError(f"micro_batch={self.micro_batch} and accum={self.accum} must be >= 1.")
+        if not (self.lr > 0 and 0 <= self.momentum < 1):
+            raise ValueError(f"lr={self.lr} must be > 0 and momentum={self.momentum} in [0, 1).")
+
+
+def challenge_data(seed: int = 0, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(images uint8 [n, 3, 16, 16], labels int64 [n])``, the same for the same ``seed`` on every machine.
+
+    Every 17th sample is unlabelled (``-100``). By default ``n`` is 194 to 238, so the last group is short
+    and its last micro-batch partial; two consecutive samples are never both unlabelled, so no group is empty.
+    """
+    n = 194 + seed % 45 if n is None else n
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1 samples.")
+    g = torch.Generator().manual_seed(1000 + seed)
+    labels = torch.randint(0, CLASSES, (n,), generator=g)
+    # Images carry a little signal about their label, so the loss actually falls.
+    images = torch.randint(0, 200, (n, CHANNELS, SIZE, SIZE), generator=g)
+    rows = torch.arange(SIZE)
+    images[:, 0] += (rows.view(1, SIZE, 1) == labels.view(n, 1, 1)).to(images.dtype) * 55
+    labels[5::17] = IGNORE
+    return images.to(torch.uint8), labels
+
+
+def challenge_model(seed: int = 0) -> nn.Module:
+    """The classifier every contender trains, with weights fixed by ``seed`` (the global RNG is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Flatten(), nn.Linear(CHANNELS * SIZE * SIZE, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+
+
+def channel_stats(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and standard deviation of a uint8 image batch ``[N, C, H, W]`` (as float32)."""
+    as_float = images.float()
+    return as_float.mean(dim=(0, 2, 3)), as_float.std(dim=(0, 2, 3))
+
+
+class PerSampleCollate:
+    """The original's ``collate_fn``: builds a batch from indices, one sample and one channel at a time.
+
+    Module scope, so a DataLoader with workers could pickle it. It recomputes the dataset's statistics on every
+    call, although they never change.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        self.images, self.labels = images, labels
+
+    def __call__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, std = channel_stats(self.images)
+        samples = []
+        for i in indices:
+            x = self.images[i].float()
+            for c in range(x.shape[0]):
+                x[c] = (x[c] - mean[c]) / std[c]
+            samples.append(x)
+        return torch.stack(samples), torch.tensor([int(self.labels[i]) for i in indices])
+
+
+def train_original(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, cfg: ChallengeConfig) -> list[float]:
+    """One epoch, slowly, with the outdated ``loss / accum`` normalisation: the challenge's starting point."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    loader = DataLoader(range(len(labels)), batch_size=cfg.micro_batch, shuffle=False, num_workers=0,
+                        collate_fn=PerSampleCollate(images, labels))
+    model.train()
+    losses, logged = [], 0.0
+    for i, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x), y) / cfg.accum
+        loss.backward()
+        logged += loss.item()
+        if (i + 1) % cfg.accum == 0 or i + 1 == len(loader):
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(logged)
+            logged = 0.0
+    return losses
+
+
+def train_reference(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, cfg: ChallengeConfig) -> list[float]:
+    """The objective, computed fast: one step per group on the mean loss over the group's labelled samples.
+
+    A group of micro-batches is one batch of ``micro_batch * accum`` consecutive samples, so its gradient is
+    that of one big batch. The images are normalised once, with the statistics of the whole dataset.
+    """
+    mean, std = channel_stats(images)
+    inputs = (images.float() - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    model.train()
+    group = cfg.micro_batch * cfg.accum
+    losses = []
+    for start in range(0, len(labels), group):
+        x, y = inputs[start : start + group], labels[start : start + group]
+        labelled = (y != IGNORE).sum().clamp(min=1)
+        loss = F.cross_entropy(model(x), y, ignore_index=IGNORE, reduction="sum") / labelled
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return torch.stack(losses).tolist() if losses else []
+
+
+Trainer = Callable[[nn.Module, torch.Tensor, torch.Tensor, ChallengeConfig], Any]
+# Taken when this module is imported (before any submission runs in a grading process): the timing protocol's
+# clock is set back to it for the measurement, and a second clock checks the first.
+_TRUSTED_CLOCK: Callable[[], float] = time.perf_counter
+_CHECK_CLOCK_NS: Callable[[], int] = time.monotonic_ns
+
+
+def as_losses(value: Any) -> list[float] | str:
+    """A returned list of losses as floats, or a description of what came back instead."""
+    try:
+        return [float(v) for v in value]
+    except (TypeError, ValueError):
+        return f"{type(value).__name__}: not a list of numbers"
+
+
+def time_against_original(candidate: Trainer, *, seed: int, cfg: ChallengeConfig | None = None, rounds: int = 7,
+                          attempts: int = 3) -> dict[str, Any]:
+    """Measure ``candidate`` against :func:`train_original` side by side; plain data for a judge.
+
+    Every call trains a fresh :func:`challenge_model` on fresh data (call ``k`` of a contender uses
+    ``challenge_data(seed + k)``), so nothing can be reused from one timed call to the next. While the machine is
+    too busy to measure (the protocol's ``busy`` outcome), the measurement is repeated, up to ``attempts`` times.
+    Returns ``{"attempts": [{"yours": [s, ...], "original": [s, ...], "elapsed_s": wall time of the attempt,
+    "calls": timed calls per round}, ...], "clock_intact": bool, "last_call": {"seed": k, "losses": ...}}``:
+    ``last_call`` is what the candidate returned for its last timed call, so a judge can check that the timed
+    work was the real work.
+    """
+    cfg = cfg or ChallengeConfig()
+    # 30 fresh data sets per contender: more than a measurement ever asks for (warm-up, calibration, rounds).
+    pools = {name: [challenge_data(seed + k) for k in range(30)] for name in ("yours", "original")}
+    used = {"yours": 0, "original": 0}
+    last: dict[str, Any] = {"seed": None, "losses": None}
+
+    def contender(name: str, fn: Trainer) -> Callable[[], None]:
+        def one_epoch() -> None:
+            k = used[name] % len(pools[name])
+            used[name] += 1
+            images, labels = pools[name][k]
+            result = fn(challenge_model(seed), images, labels, cfg)
+            if name == "yours":
+                last.update(seed=seed + k, losses=result)
+        return one_epoch
+
+    contenders = {"yours": contender("yours", candidate), "original": contender("original", train_original)}
+    measured, intact = [], True
+    try:
+        for _ in range(attempts):
+            protocol._clock = _TRUSTED_CLOCK
+            started = _CHECK_CLOCK_NS()
+            comparison = protocol.compare(contenders, rounds=rounds, warmup=1, min_round_s=0.005)
+            elapsed = (_CHECK_CLOCK_NS() - started) / 1e9
+            intact = intact and protocol._clock is _TRUSTED_CLOCK
+            measured.append({"yours": list(comparison["yours"].seconds),
+                             "original": list(comparison["original"].seconds),
+                             "elapsed_s": elapsed, "calls": dict(comparison.calls_per_round)})
+            if comparison.verdict("yours", "original").outcome != "busy":
+                break
+    finally:
+        protocol._clock = _TRUSTED_CLOCK
+    return {"attempts": measured, "clock_intact": intact,
+            "last_call": {"seed": last["seed"], "losses": as_losses(last["losses"])}}
+
+
+def judge_speed(observed: dict[str, Any], threshold: float = SPEED_THRESHOLD) -> tuple[str, protocol.Verdict | None]:
+    """Judge :func:`time_against_original`'s data: ``("pass" | "slow" | "busy" | "impossible", verdict)``.
+
+    ``pass``: an attempt the protocol could decide (not ``busy``) found the candidate ``threshold`` times faster
+    (median of paired rounds), or a busy attempt found it that much faster in three rounds out of four (its lower
+    quartile), which noise does not fake. ``slow``: the last decidable attempt found it slower than that.
+    ``busy``: every attempt was too noisy and none showed the threshold: could not measure reliably, measure again.
+    ``impossible``: the timings cannot be real (the clock was replaced, or the timed calls add up to more than the
+    attempt's wall time).
+    """
+    if not observed.get("clock_intact"):
+        return "impossible", None
+    decided: protocol.Verdict | None = None
+    busiest: protocol.Verdict | None = None
+    for attempt in observed.get("attempts") or []:
+        yours, original = attempt["yours"], attempt["original"]
+        calls = attempt.get("calls") or {}
+        timed = sum(yours) * calls.get("yours", 1) + sum(original) * calls.get("original", 1)
+        if timed > attempt["elapsed_s"] * 1.01 + 1e-3:
+            return "impossible", None
+        verdict = protocol.verdict_from_times(protocol.Measurement("yours", tuple(yours)),
+                                              protocol.Measurement("original", tuple(original)))
+        if verdict.outcome != "busy":
+            if verdict.outcome == "faster" and verdict.ratio >= threshold:
+                return "pass", verdict
+            decided = verdict
+        elif verdict.low >= threshold:
+            return "pass", verdict
+        else:
+            busiest = verdict
+    if decided is not None:
+        return "slow", decided
+    return "busy", busiest
+
+
+def losses_match(got: Sequence[float], expected: Sequence[float], tol: float = 1e-4) -> bool:
+    """Same number of steps and every loss within ``tol`` (relative to its size, at least absolute ``tol``)."""
+    return len(got) == len(expected) and all(
+        math.isfinite(a) and abs(a - b) <= tol * max(1.0, abs(b)) for a, b in zip(got, expected))
