@@ -35,8 +35,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist

@@ -37,8 +37,9 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO
 
 DEFAULT_TIMEOUT_S = 600.0
 TAIL_LINES = 30
@@ -101,7 +102,7 @@ def _validate(nproc: int, timeout: float | None) -> None:
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds, or None for no limit.")
 
 
-def _pump(stream: IO[str], lines: "queue.Queue[str | None]") -> None:
+def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
     """Reader thread: move lines from the child's pipe to a queue; ``None`` marks the end."""
     for line in iter(stream.readline, ""):
         lines.put(line)

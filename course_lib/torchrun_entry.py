@@ -23,7 +23,7 @@ import os
 import runpy
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif exc.code is not None:
             print(exc.code, file=sys.stderr)
             code = 1
-    except BaseException:  # noqa: BLE001 - report it like Python would, then fail the rank
+    except BaseException:
         traceback.print_exc()
         code = 1
     logging.shutdown()

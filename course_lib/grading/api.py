@@ -46,22 +46,22 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import math
 import pkgutil
 import re
 import sys
 import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
 CheckFunc = Callable[[dict[str, Any]], None]
 
 # Exercise number (two digits, "01".."13") -> the checks registered for it, in definition order.
-_REGISTRY: dict[str, dict[str, "Check"]] = {}
+_REGISTRY: dict[str, dict[str, Check]] = {}
 
 # Name the runner stores in the learner namespace: cells that raised while loading ([(cell index, message)]).
 CELL_ERRORS = "__grading_cell_errors__"
@@ -317,7 +317,7 @@ class CheckResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CheckResult":
+    def from_dict(cls, data: Mapping[str, Any]) -> CheckResult:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
 

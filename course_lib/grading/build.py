@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from course_lib import nbclean
 from course_lib.grading import notebook
-
 
 DEMO_TAG = "raises-exception"
 
@@ -40,7 +40,9 @@ def make_exercise(nb: dict[str, Any], number: str, where: str = "notebook") -> d
             continue
         new, count = notebook.replace_regions(code, number, k, where=f"{where}, cell {index}")
         if count == 0:
-            raise notebook.NotebookError(f"{where}, cell {index}: tagged 'exercise' but has no ### BEGIN SOLUTION region")
+            raise notebook.NotebookError(
+                f"{where}, cell {index}: tagged 'exercise' but has no ### BEGIN SOLUTION region"
+            )
         k += count
         cell["source"] = new.splitlines(keepends=True)  # the way Jupyter stores it
     if k == 1:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from course_lib.grading.api import checks_for, normalise_exercise, run_check
 from course_lib.grading.report import format_results

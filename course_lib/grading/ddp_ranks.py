@@ -33,9 +33,10 @@ import sys
 import tempfile
 import time
 import traceback
-from pathlib import Path
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 

@@ -18,16 +18,16 @@ import csv
 import json
 import os
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from textwrap import indent
-from typing import Any, Sequence
+from typing import Any
 
 from course_lib.grading import sandbox
 from course_lib.grading.api import checks_for, known_exercises, load_extra_checks, normalise_exercise, printable
 from course_lib.grading.report import format_results, shorten
 from course_lib.grading.runner import DEFAULT_TIMEOUT_S, GRADED, NotebookGrade, find_notebooks, grade_notebook
-
 
 Table = dict[str, dict[str, NotebookGrade]]
 

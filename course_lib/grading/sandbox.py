@@ -20,9 +20,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 # Where the sandbox mounts things (fixed paths, so nothing about the grader's machine leaks in).
 SCRATCH = "/scratch"
@@ -56,7 +56,7 @@ def _isolation_flags() -> list[str]:
             "--die-with-parent", "--new-session"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def find_bwrap() -> tuple[str | None, str]:
     """``(path to a working bwrap or None, a sentence for the output)``. Tried once per process."""
     if sys.platform != "linux":

@@ -18,8 +18,9 @@ so the whole suite runs in well under a minute on a CPU.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +63,9 @@ class Reference:
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(model(x), y)
 
-    def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+    def train_step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]
+    ) -> float:
         model.train()
         x, y = batch
         optimizer.zero_grad(set_to_none=True)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import random
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from course_lib.grading import suite_targets as targets
 from course_lib.grading.api import CheckFailed, check_for, need, observe, run_seed

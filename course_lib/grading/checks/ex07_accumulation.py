@@ -103,8 +103,8 @@ def _as_result(result: Any) -> Any:
 def _trained(ns: dict[str, Any], seed: int, weighted: bool) -> dict[str, Any]:
     """The learner's epoch: optimizer steps taken, what it returned, and the weights afterwards."""
     if weighted:
-        fn = need(ns, "train_accumulated_weighted",
-                  "define `train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4)`")
+        fn = need(ns, "train_accumulated_weighted", "define `train_accumulated_weighted(model, loader, optimizer, "
+                  "device, class_weights, microbatches=4)`")
         data, extra = _data(seed, 37, padded=False), (_WEIGHTS.clone(),)  # micro-batches 5,5,5 | 5,5,5 | 5,2
     else:
         fn = need(ns, "train_accumulated",
@@ -187,7 +187,10 @@ def weighted(ns: dict[str, Any]) -> None:
     seen = observe(ns, _trained, seed, True)
     weights = _WEIGHTS
     data = _data(seed, 37, padded=False)
-    truth, loss = _big_batch_run(seed, data, MICRO * ACCUM, lambda out, y: F.cross_entropy(out, y, weight=weights), weights)
+    def weighted_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out, y, weight=weights)
+
+    truth, loss = _big_batch_run(seed, data, MICRO * ACCUM, weighted_loss, weights)
     diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
         by_count, _ = _big_batch_run(

@@ -115,7 +115,8 @@ def scaler_choice(ns: dict[str, Any]) -> None:
             raise CheckFailed(
                 f"make_scaler built {seen['type']}, the outdated CUDA-only spelling: on a machine without a CUDA GPU "
                 "it is always disabled, so fp16 gradients would underflow",
-                hint="torch.amp.GradScaler(device.type, enabled=...)", expected="torch.amp.GradScaler", got=seen["type"])
+                hint="torch.amp.GradScaler(device.type, enabled=...)", expected="torch.amp.GradScaler",
+                got=seen["type"])
         if not seen["is_grad_scaler"]:
             raise CheckFailed("make_scaler should return torch.amp.GradScaler",
                               hint="torch.amp.GradScaler(device.type, enabled=...)", got=seen["type"])
@@ -210,8 +211,8 @@ def bf16_without_scaler(ns: dict[str, Any]) -> None:
     if _max_diff(seen["weights"], _Probe(seed)) == 0:
         raise CheckFailed(
             "the weights did not change: with a disabled scaler, scaler.step(optimizer) simply calls optimizer.step()",
-            hint="keep the same scale -> backward -> unscale_ -> clip -> step -> update sequence; disabled, each is a no-op "
-            "pass-through",
+            hint="keep the same scale -> backward -> unscale_ -> clip -> step -> update sequence; disabled, each is a "
+            "no-op pass-through",
         )
 
 

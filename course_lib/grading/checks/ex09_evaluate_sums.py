@@ -58,7 +58,9 @@ def _mean_of_batch_means(model: _Recorder, x: torch.Tensor, y: torch.Tensor, bat
     return sum(means) / len(means)
 
 
-def _evaluate(ns: dict[str, Any], seed: int, n: int, ignored: int, batch: int, start_training: bool = False) -> dict[str, Any]:
+def _evaluate(
+    ns: dict[str, Any], seed: int, n: int, ignored: int, batch: int, start_training: bool = False
+) -> dict[str, Any]:
     """The learner's evaluate on a fresh recorder: its result, how the model was called, its mode afterwards."""
     evaluate = need(ns, "evaluate", "define `evaluate(model, loader, device)` returning {'loss': ..., 'acc': ...}")
     model = _Recorder(seed)
@@ -98,7 +100,8 @@ def uneven_last_batch(ns: dict[str, Any]) -> None:
             "that is the mean of the three batch means: the last batch (3 samples) weighs as much as a full one. "
             "Add cross_entropy(..., reduction='sum') and the number of correct predictions, divide once at the end"
             if abs(got["loss"] - biased) < 1e-5
-            else "accumulate the summed loss, the correct count and the sample count over all batches; divide at the end"
+            else "accumulate the summed loss, the correct count and the sample count over all batches; divide at the "
+            "end"
         )
         raise CheckFailed(
             "evaluate over 23 samples in batches of 10/10/3 does not match the loss and accuracy of the whole set",

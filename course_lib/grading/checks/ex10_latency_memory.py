@@ -67,12 +67,14 @@ def stored(ns: dict[str, Any]) -> None:
     if got != expected:
         params_only = sum(p.numel() * p.element_size() for p in model.parameters())
         if got == params_only:
-            hint = "buffers (BatchNorm running statistics, registered lookup tables) are stored too: add model.buffers()"
+            hint = ("buffers (BatchNorm running statistics, registered lookup tables) are stored too: add "
+                    "model.buffers()")
         elif got == 4 * sum(t.numel() for t in list(model.parameters()) + list(model.buffers())):
             hint = "not every tensor is 4 bytes per element: use t.element_size() (fp16 is 2, int64 and float64 are 8)"
         else:
             hint = "sum t.numel() * t.element_size() over parameters (frozen included) and buffers"
-        raise CheckFailed("stored_bytes does not match the bytes this model holds", hint=hint, expected=expected, got=got)
+        raise CheckFailed("stored_bytes does not match the bytes this model holds", hint=hint, expected=expected,
+                          got=got)
 
 
 class _FakeClock:
@@ -109,7 +111,8 @@ class _SlowStart(nn.Module):
 def _run_latency(ns: dict[str, Any], warmup: int, costs_ms: list[float], batch: int = 3) -> dict[str, Any]:
     """The learner's report, the model's calls and the event log (timer reads, model calls, syncs)."""
     measure = need(
-        ns, "measure_latency", "define `measure_latency(model, example, device, *, warmup, reps, timer)` returning a dict"
+        ns, "measure_latency",
+        "define `measure_latency(model, example, device, *, warmup, reps, timer)` returning a dict",
     )
     log: list[str] = []
     clock = _FakeClock(log)
