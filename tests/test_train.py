@@ -153,6 +153,26 @@ def test_training_is_deterministic_and_logs_what_it_promises(tmp_path: Path) -> 
     assert (tmp_path / "a" / "ckpt.pt").is_file()
 
 
+def test_throughput_is_the_rate_of_each_log_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock that ticks one second per reading: every window (start, then close) lasts exactly 1 s, evaluations
+    included, so each line's rate is the examples of its own step (groups of 16, 16, 8 per 40-sample epoch)."""
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(loop_module, "_clock", lambda: float(next(ticks)))
+    model, tl, vl, cfg = _setup(tmp_path / "run")
+    history = train(model, tl, vl, cfg, ckpt_path=None)
+    assert [r["examples_per_s"] for r in history if "loss" in r] == [16.0, 16.0, 8.0, 16.0, 16.0, 8.0, 16.0, 16.0]
+
+
+def test_log_window_sums_on_device_and_reads_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter([10.0, 12.5, 13.0])
+    monkeypatch.setattr(loop_module, "_clock", lambda: next(ticks))
+    window = loop_module.LogWindow()
+    window.add(torch.tensor(3.0), 4, examples=4)
+    window.add(torch.tensor(5.0), torch.tensor(6), examples=6)
+    assert window.close() == (8.0, 10, 10, 2.5)
+    assert window.losses == [] and window.examples == 0 and window.start == 13.0
+
+
 def test_bf16_autocast_and_disabled_clipping_still_train_and_log_the_norm(tmp_path: Path) -> None:
     model, tl, vl, cfg = _setup(tmp_path / "run", steps=3, amp_dtype="bf16", clip=None)
     history = train(model, tl, vl, cfg, ckpt_path=None)
@@ -236,6 +256,17 @@ def test_cli_rejects_bad_values_with_exit_code_2(tmp_path: Path, capsys: pytest.
     assert train_cli.main(["--resume", "--out", str(tmp_path / "empty")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
     assert train_cli.main(["--steps", "many"]) == 2
+
+
+def test_cli_uses_the_course_thread_count(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ckpt.pt").write_bytes(b"a run")  # refused after the threads are set, before any data is loaded
+    monkeypatch.setenv("COURSE_THREADS", "2")
+    assert train_cli.main(["--out", str(tmp_path), "--steps", "2"]) == 2
+    assert torch.get_num_threads() == 2 and "threads: 2 (COURSE_THREADS overrides)" in capsys.readouterr().out
+    monkeypatch.setenv("COURSE_THREADS", "none")
+    assert train_cli.main(["--out", str(tmp_path / "new"), "--steps", "2"]) == 2
+    assert "COURSE_THREADS='none'" in capsys.readouterr().err
 
 
 CLI_ARGS = dict(steps=8, warmup=2, eval_every=3, log_every=1, bs=8, accum=2, device="cpu")

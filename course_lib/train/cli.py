@@ -7,7 +7,8 @@ With no argument it trains the small CNN on the offline "shapes" data.
 ``--resume`` continues the run stored in ``--out``: the configuration comes from its checkpoint, and only the
 options you pass explicitly override it (e.g. ``--steps 1200`` to train longer). A fresh run into a folder that
 already holds one is refused unless ``--overwrite`` says to replace it; a folder another process is writing to is
-refused too.
+refused too. The run uses the course's intra-op thread count (``COURSE_THREADS``, else half the cores: see
+:func:`course_lib.perf.compare.course_threads`), like every lesson.
 
 Every failure ends in one ``error:`` line that says what, why and what to do, never a traceback. Exit codes:
 ``0`` done, ``1`` the run failed while running (diverged, disk full, a file could not be written: the last good
@@ -28,6 +29,7 @@ import typing
 from pathlib import Path
 from typing import Any, Sequence
 
+from course_lib.perf.compare import apply_course_threads
 from course_lib.train.checkpoint import CheckpointError, WriteError, read_checkpoint
 from course_lib.train.config import ConfigError, TrainConfig
 from course_lib.train.guard import NonFiniteError
@@ -160,8 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "--overwrite deletes it. Pass one of them.")
         cfg = config_from_args(args)
         out = Path(cfg.out)
+        try:
+            threads = apply_course_threads()  # the course's thread count (COURSE_THREADS, else half the cores)
+        except ValueError as exc:  # a bad COURSE_THREADS: bad input, reported in one line
+            raise ConfigError(str(exc)) from None
         if is_main:
             print("config: " + json.dumps(cfg.resolved().to_dict()), flush=True)
+            print(f"threads: {threads} (COURSE_THREADS overrides)", flush=True)
         from course_lib.train.launch import run  # imported late: the data package loads only when a run starts
 
         # Claim the folder before loading any data, so a bad --out fails first (train() joins this claim).
