@@ -60,7 +60,7 @@ def test_interleaving_reverses_the_order_every_other_repetition() -> None:
 @pytest.mark.slow
 def test_bench_tiny_writes_both_files(tmp_path) -> None:
     threads = torch.get_num_threads()
-    code = main(["--tiny", "--threads", "1", "--out", str(tmp_path), "--only", "loops", "loaders", "in_memory",
+    code = main(["--tiny", "--threads", "1", "--clock", "cpu", "--out", str(tmp_path), "--only", "loops", "loaders", "in_memory",
                  "compile", "precision", "gpu"])
     report = json.loads((tmp_path / "latest.json").read_text())
     assert code == 0, report["errors"]
@@ -68,7 +68,7 @@ def test_bench_tiny_writes_both_files(tmp_path) -> None:
     res = report["results"]
     assert set(res["training_loops"]["cases"]) == {"bench model", "tiny model"}
     for case in res["training_loops"]["cases"].values():
-        assert case["reps"] == 2 and len(case["all_step_ms"]["lightning"]) == 2
+        assert case["reps"] == 2 and len(case["all_step_ms"]["lightning"]) == 2 and case["clock"] == "cpu"
         assert all(math.isfinite(case["overhead_ms"][k]["median"]) for k in ("course_train", "lightning"))
         assert case["ratio_ops_train_vs_minimal"] >= 1.0  # train() never does less work than the minimal loop
     assert math.isfinite(res["loaders"]["ratio_tuned_vs_workers0"])
@@ -79,6 +79,12 @@ def test_bench_tiny_writes_both_files(tmp_path) -> None:
     md = (tmp_path / "latest.md").read_text()
     assert md == to_markdown(report)
     assert "| (a) tiny model: `train()` step time / minimal loop (quartiles " in md and "Machine:" in md
+
+
+def test_cpu_clock_needs_one_thread() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--tiny", "--clock", "cpu", "--threads", "2", "--only", "loops"])
+    assert exc.value.code == 2
 
 
 def test_flops_and_peak_table() -> None:

@@ -115,6 +115,13 @@ def loop_cases(sizes: Sizes) -> tuple[LoopCase, LoopCase]:
             LoopCase("tiny model", d=16, n_blocks=1, batch=8, steps=sizes.steps * 5))
 
 
+# Section (a)'s clock: "wall" (time.perf_counter) or "cpu" (time.thread_time: the CPU time of the training thread,
+# which excludes the time the thread waited for a core; with one intra-op thread all of a CPU step's work runs in
+# that thread, so on a shared machine it measures what the step costs rather than what the neighbours took).
+STEP_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+step_clock = "wall"
+
+
 class TimedBatches:
     """An endless iterable over fixed batches that stamps the time of every batch request.
 
@@ -123,8 +130,9 @@ class TimedBatches:
     """
 
     def __init__(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], limit: int,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.batches, self.limit, self.clock = list(batches), limit, clock
+                 clock: Callable[[], float] | None = None) -> None:
+        self.batches, self.limit = list(batches), limit
+        self.clock = STEP_CLOCKS[step_clock] if clock is None else clock
         self.stamps: list[float] = []
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -304,6 +312,7 @@ def summarise_loops(case: LoopCase, times: dict[str, list[float]]) -> dict[str, 
     share = train_ms / lightning_ms if lightning_ms > 0 else math.inf
     return {
         "model": case.describe(), "steps": case.steps, "reps": len(times["minimal_loop"]),
+        "clock": step_clock,
         "step_ms": {k: 1000 * statistics.median(v) for k, v in times.items()},
         "all_step_ms": {k: [1000 * t for t in v] for k, v in times.items()},
         "ratio_train_vs_minimal": vs_min.ratio, "ratio_train_vs_minimal_quartiles": [vs_min.low, vs_min.high],
@@ -542,7 +551,8 @@ def _details_loops(a: dict[str, Any]) -> list[str]:
     for label, c in a["cases"].items():
         ops = c["aten_calls_per_step"]
         lines.append(
-            f"(a) {label}: {c['model']}, {c['steps']} steps x {c['reps']} repetitions, the order reversed every "
+            f"(a) {label}: {c['model']}, {c['steps']} steps x {c['reps']} repetitions, {c['clock']} clock, the "
+            "order reversed every "
             "other repetition; step time = median gap between batch requests within a run; ratio and overhead per "
             "repetition (contenders back to back), then the median and quartiles over the repetitions. Median "
             "step ms: " + ", ".join(f"{k} {v:.3f}" for k, v in c["step_ms"].items()) + "; per repetition: " +
@@ -667,25 +677,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense bf16 (fp16 before Ampere) peak TFLOP/s for MFU, when it is not in "
                              "the built-in table")
+    parser.add_argument("--clock", choices=sorted(STEP_CLOCKS), default="wall",
+                        help="section (a)'s step clock: wall time, or the training thread's CPU time (needs "
+                             "--threads 1; steadier on a machine shared with other work)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice). On a machine shared with other work, "
                              "1 avoids the stalls of oversubscribed OpenMP threads spinning for busy cores")
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads={args.threads} must be >= 1")
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu needs --threads 1: the CPU time of other intra-op threads is not counted")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         parser.error(f"--peak-tflops={args.peak_tflops} must be > 0")
     preset = "tiny" if args.tiny else "quick" if args.quick else "full"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sections = args.only or ["loops", "loaders", "in_memory", "compile", "precision", "gpu"]
-    previous_threads = torch.get_num_threads()
+    global step_clock
+    previous_threads, previous_clock = torch.get_num_threads(), step_clock
+    step_clock = args.clock
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
         report = run_bench(preset, sections=sections, peak_tflops=args.peak_tflops, argv=argv)
     finally:
         torch.set_num_threads(previous_threads)  # callers (notebooks, tests) keep their own setting
+        step_clock = previous_clock
     (out / "latest.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     (out / "latest.md").write_text(to_markdown(report), encoding="utf-8")
     print(to_markdown(report))
