@@ -8,6 +8,7 @@ in that order; ``resolve_amp_dtype`` turns a precision name into the dtype that
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import torch
@@ -110,3 +111,31 @@ def matmul_precision(level: str) -> Iterator[None]:
         yield
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def course_threads() -> int:
+    """The intra-op thread count every lesson measures with: ``COURSE_THREADS``, else half the cores (>= 1).
+
+    Half the cores because a learner's laptop is never idle: a thread per core competes with the browser and
+    the video call for every core, and one preempted thread stalls the whole parallel region (lesson 01 measures
+    this). Raise it with ``COURSE_THREADS=<n>`` on a machine you keep quiet.
+    """
+    raw = os.environ.get("COURSE_THREADS", "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ValueError(f"COURSE_THREADS={raw!r} must be a whole number >= 1 (the intra-op thread count).")
+        return value
+    cores = os.cpu_count() or 1
+    return max(1, cores // 2)
+
+
+def apply_course_threads() -> int:
+    """Set ``torch``'s intra-op thread count to :func:`course_threads` and return it."""
+    n = course_threads()
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n

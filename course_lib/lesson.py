@@ -24,6 +24,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from course_lib import mode
@@ -35,6 +36,7 @@ __all__ = [
     "use_course_threads",
     "SKIP_CHOICE",
     "say",
+    "show_source",
     "ratio",
     "ratio_sentence",
     "outdated",
@@ -81,6 +83,19 @@ def say(markdown: str) -> None:
     from IPython.display import Markdown
 
     _display(Markdown(markdown))
+
+
+def show_source(obj: Any) -> None:
+    """Display the source of a ``course_lib`` function or class, highlighted, under the file it comes from.
+
+    The lesson shows the code that runs, read from the library itself, never a copy that could drift from it.
+    """
+    import inspect
+
+    path = Path(inspect.getsourcefile(obj) or "").resolve()
+    root = Path(__file__).resolve().parent.parent  # the folder holding course_lib/
+    where = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    say(f"`{where}` · `{obj.__qualname__}`\n\n```python\n{inspect.getsource(obj).rstrip()}\n```")
 
 
 # --------------------------------------------------------------------------------------------------------

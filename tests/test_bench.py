@@ -1,33 +1,100 @@
-"""bench --tiny writes the table and the JSON with ratio fields (numbers meaningless at this size)."""
+"""The benchmark: exact figures from fixed times and a fake clock, and ``bench --tiny`` writing both files."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
-from course_lib.perf.bench import gpt_flops_per_token, main, peak_flops
+from course_lib.perf.bench import (
+    LoopCase,
+    TimedBatches,
+    gpt_flops_per_token,
+    interleaved_step_times,
+    main,
+    median_and_quartiles,
+    peak_flops,
+    summarise_loops,
+    to_markdown,
+)
+
+CASE = LoopCase("tiny model", d=16, n_blocks=1, batch=8, steps=10)
+
+
+def test_timed_batches_step_time_is_the_median_gap_after_the_first_step() -> None:
+    ticks = iter([0.0, 5.0, 6.0, 8.0, 9.0, 10.0])  # the gap after the first request (5 s, warm-up) is skipped
+    timed = TimedBatches([(torch.zeros(1), torch.zeros(1))], limit=6, clock=lambda: next(ticks))
+    assert len(list(timed)) == 6
+    assert timed.step_s() == 1.0  # gaps 1, 2, 1, 1
+
+
+def test_median_and_quartiles() -> None:
+    assert median_and_quartiles([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)
+    assert median_and_quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (3.0, 2.0, 4.0)
+
+
+def test_summarise_loops_pairs_repetitions_and_reports_overhead_in_ms() -> None:
+    times = {"course_train": [0.0101, 0.0202, 0.0101, 0.0101, 0.0101],
+             "minimal_loop": [0.0100, 0.0200, 0.0100, 0.0100, 0.0100],
+             "lightning": [0.0104, 0.0208, 0.0104, 0.0104, 0.0104]}
+    s = summarise_loops(CASE, times)
+    assert s["ratio_train_vs_minimal"] == pytest.approx(1.01)  # paired: the slow repetition does not move it
+    assert s["ratio_train_vs_minimal_quartiles"] == pytest.approx([1.01, 1.01])
+    assert s["overhead_ms"]["course_train"]["median"] == pytest.approx(0.1)
+    assert s["overhead_ms"]["lightning"] == pytest.approx({"median": 0.4, "low": 0.4, "high": 0.4})
+    assert s["overhead_train_vs_lightning"] == pytest.approx(0.25)
+    assert s["met_train_vs_minimal"] and s["met_overhead_vs_lightning"]
+    assert s["step_ms"]["minimal_loop"] == pytest.approx(10.0) and s["reps"] == 5
+    slower = summarise_loops(CASE, {**times, "course_train": [t * 1.03 for t in times["minimal_loop"]]})
+    assert slower["ratio_train_vs_minimal"] == pytest.approx(1.03) and not slower["met_train_vs_minimal"]
+    assert slower["verdict_train_vs_minimal"] == "faster"  # the minimal loop is the faster one, beyond the 2 % band
+
+
+def test_interleaving_reverses_the_order_every_other_repetition() -> None:
+    calls: list[str] = []
+
+    def contender(name: str):
+        def run(model, batches, val, case) -> float:
+            calls.append(name)
+            return float(len(calls))
+        return run
+
+    times = interleaved_step_times(CASE, 3, lambda _: None, {k: contender(k) for k in ("a", "b", "c")})
+    assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert times == {"a": [1.0, 6.0, 7.0], "b": [2.0, 5.0, 8.0], "c": [3.0, 4.0, 9.0]}
 
 
 @pytest.mark.slow
 def test_bench_tiny_writes_both_files(tmp_path) -> None:
     threads = torch.get_num_threads()
-    code = main(["--tiny", "--threads", "1", "--out", str(tmp_path), "--only", "loops", "loaders", "in_memory", "compile", "precision",
-                 "gpu"])
+    code = main(["--tiny", "--threads", "1", "--clock", "cpu", "--out", str(tmp_path),
+                 "--only", "loops", "loaders", "in_memory",
+                 "compile", "precision", "gpu"])
     report = json.loads((tmp_path / "latest.json").read_text())
     assert code == 0, report["errors"]
     assert report["machine"]["torch_threads"] == 1 and torch.get_num_threads() == threads
     res = report["results"]
-    for key in ("ratio_train_vs_minimal", "ratio_train_vs_lightning"):
-        assert res["training_loops"][key] > 0
-    assert res["loaders"]["ratio_tuned_vs_workers0"] > 0
-    assert res["in_memory"]["ratio_devicebatcher_vs_dataloader"] > 0
-    assert res["compile"]["ratio_compiled_vs_eager_step_time"] > 0
-    assert res["precision"]["ratio_bf16_vs_fp32_step_time"] > 0
-    assert report["machine"]["cores"] >= 1 and report["machine"]["torch"]
+    assert set(res["training_loops"]["cases"]) == {"bench model", "tiny model"}
+    for case in res["training_loops"]["cases"].values():
+        assert case["reps"] == 2 and len(case["all_step_ms"]["lightning"]) == 2 and case["clock"] == "cpu"
+        assert all(math.isfinite(case["overhead_ms"][k]["median"]) for k in ("course_train", "lightning"))
+        assert case["ratio_ops_train_vs_minimal"] >= 1.0  # train() never does less work than the minimal loop
+    assert math.isfinite(res["loaders"]["ratio_tuned_vs_workers0"])
+    assert math.isfinite(res["in_memory"]["ratio_devicebatcher_vs_dataloader"])
+    assert math.isfinite(res["compile"]["ratio_compiled_vs_eager_step_time"])
+    assert math.isfinite(res["precision"]["ratio_bf16_vs_fp32_step_time"])
+    assert report["machine"]["cores"] >= 1 and report["machine"]["torch"] and len(report["load_average_end"]) == 3
     md = (tmp_path / "latest.md").read_text()
-    assert "| (a) `train()` step time / minimal loop |" in md and "Machine:" in md
+    assert md == to_markdown(report)
+    assert "| (a) tiny model: `train()` step time / minimal loop (quartiles " in md and "Machine:" in md
+
+
+def test_cpu_clock_needs_one_thread() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--tiny", "--clock", "cpu", "--threads", "2", "--only", "loops"])
+    assert exc.value.code == 2
 
 
 def test_flops_and_peak_table() -> None:

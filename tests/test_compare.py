@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -165,9 +167,9 @@ def test_course_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="COURSE_THREADS"):
         cmp.course_threads()
     monkeypatch.delenv("COURSE_THREADS")
-    monkeypatch.setattr(cmp.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
     assert cmp.course_threads() == 4
-    monkeypatch.setattr(cmp.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert cmp.course_threads() == 1
 
 

@@ -33,9 +33,7 @@ LAYERS: list[set[str]] = [
 ]
 
 # Upward imports being removed; each entry is (importer, imported) as dotted module names.
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("course_lib.train.loop", "course_lib.perf.compile"),  # compile belongs in train: it is moving there
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def module_files() -> dict[str, Path]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from course_lib.data import make_loader, pad_collate
+from course_lib.data import pad_collate
 from course_lib.models import GPTConfig, Net, TinyGPT
 from course_lib.train import ConfigError, TrainConfig, evaluate, lr_at, param_groups, run, train
 from course_lib.train import cli as train_cli
@@ -111,7 +111,8 @@ def test_evaluate_is_invariant_to_batch_size_and_restores_mode() -> None:
     keep = y != -100
     with torch.no_grad():
         logits = model.eval()(x)
-    assert results[0]["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits[keep], y[keep]).item(), rel=1e-5)
+    expected = torch.nn.functional.cross_entropy(logits[keep], y[keep]).item()
+    assert results[0]["loss"] == pytest.approx(expected, rel=1e-5)
     assert results[0]["acc"] == pytest.approx((logits[keep].argmax(1) == y[keep]).float().mean().item())
     model.train()
     evaluate(model, DataLoader(TensorDataset(x, y), batch_size=8), "cpu")
@@ -151,6 +152,26 @@ def test_training_is_deterministic_and_logs_what_it_promises(tmp_path: Path) -> 
     lines = [json.loads(s) for s in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert lines == history
     assert (tmp_path / "a" / "ckpt.pt").is_file()
+
+
+def test_throughput_is_the_rate_of_each_log_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock that ticks one second per reading: every window (start, then close) lasts exactly 1 s, evaluations
+    included, so each line's rate is the examples of its own step (groups of 16, 16, 8 per 40-sample epoch)."""
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(loop_module, "_clock", lambda: float(next(ticks)))
+    model, tl, vl, cfg = _setup(tmp_path / "run")
+    history = train(model, tl, vl, cfg, ckpt_path=None)
+    assert [r["examples_per_s"] for r in history if "loss" in r] == [16.0, 16.0, 8.0, 16.0, 16.0, 8.0, 16.0, 16.0]
+
+
+def test_log_window_sums_on_device_and_reads_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter([10.0, 12.5, 13.0])
+    monkeypatch.setattr(loop_module, "_clock", lambda: next(ticks))
+    window = loop_module.LogWindow()
+    window.add(torch.tensor(3.0), 4, examples=4)
+    window.add(torch.tensor(5.0), torch.tensor(6), examples=6)
+    assert window.close() == (8.0, 10, 10, 2.5)
+    assert window.losses == [] and window.examples == 0 and window.start == 13.0
 
 
 def test_bf16_autocast_and_disabled_clipping_still_train_and_log_the_norm(tmp_path: Path) -> None:
@@ -222,7 +243,7 @@ def test_cli_clip_none_disables_clipping_and_absent_options_keep_defaults() -> N
 
 def test_run_stays_the_function_after_its_module_is_imported() -> None:
     import course_lib.train
-    import course_lib.train.launch  # noqa: F401 - importing the module must not shadow the function
+    import course_lib.train.launch
 
     assert callable(course_lib.train.run) and course_lib.train.run is run
 
@@ -236,6 +257,17 @@ def test_cli_rejects_bad_values_with_exit_code_2(tmp_path: Path, capsys: pytest.
     assert train_cli.main(["--resume", "--out", str(tmp_path / "empty")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
     assert train_cli.main(["--steps", "many"]) == 2
+
+
+def test_cli_uses_the_course_thread_count(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ckpt.pt").write_bytes(b"a run")  # refused after the threads are set, before any data is loaded
+    monkeypatch.setenv("COURSE_THREADS", "2")
+    assert train_cli.main(["--out", str(tmp_path), "--steps", "2"]) == 2
+    assert torch.get_num_threads() == 2 and "threads: 2 (COURSE_THREADS overrides)" in capsys.readouterr().out
+    monkeypatch.setenv("COURSE_THREADS", "none")
+    assert train_cli.main(["--out", str(tmp_path / "new"), "--steps", "2"]) == 2
+    assert "COURSE_THREADS='none'" in capsys.readouterr().err
 
 
 CLI_ARGS = dict(steps=8, warmup=2, eval_every=3, log_every=1, bs=8, accum=2, device="cpu")

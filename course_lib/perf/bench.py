@@ -32,9 +32,10 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,12 +43,14 @@ import torch.nn.functional as F
 from course_lib.device import pick_device, synchronize
 from course_lib.perf.mfu import gpt_flops_per_token, peak_flops  # noqa: F401 - section (d); re-exported
 
+
 @dataclass
 class Sizes:
     """How much work each section does (the --tiny/--quick/full presets)."""
 
     steps: int  # training steps per contender per repetition
-    reps: int  # interleaved repetitions
+    reps: int  # interleaved repetitions (sections b, c)
+    loop_reps: int  # interleaved repetitions of section (a), whose ratios are compared with 1.02
     d: int  # width of the MLP used in (a) and (c)
     batch: int
     loader_batches: int
@@ -58,11 +61,12 @@ class Sizes:
 
 
 PRESETS = {
-    "tiny": Sizes(steps=8, reps=1, d=64, batch=16, loader_batches=3, compile_steps=3, compile_backend="eager",
+    "tiny": Sizes(steps=8, reps=1, loop_reps=2, d=64, batch=16, loader_batches=3, compile_steps=3,
+                  compile_backend="eager",
                   gpt_steps=5, gpt_model="tiny"),
-    "quick": Sizes(steps=40, reps=3, d=256, batch=64, loader_batches=40, compile_steps=15,
+    "quick": Sizes(steps=40, reps=3, loop_reps=10, d=256, batch=64, loader_batches=40, compile_steps=15,
                    compile_backend="inductor", gpt_steps=20),
-    "full": Sizes(steps=120, reps=5, d=256, batch=64, loader_batches=78, compile_steps=40,
+    "full": Sizes(steps=120, reps=5, loop_reps=16, d=256, batch=64, loader_batches=78, compile_steps=40,
                   compile_backend="inductor", gpt_steps=50),
 }
 
@@ -93,6 +97,33 @@ def machine() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ (a) training loops
+@dataclass(frozen=True)
+class LoopCase:
+    """One model of section (a): ``Net(d_in=32, d, n_blocks)`` on batches of ``batch``, ``steps`` per run."""
+
+    label: str
+    d: int
+    n_blocks: int
+    batch: int
+    steps: int
+
+    def describe(self) -> str:
+        return f"Net(d_in=32, d={self.d}, n_blocks={self.n_blocks}), batch {self.batch}, fp32, CPU"
+
+
+def loop_cases(sizes: Sizes) -> tuple[LoopCase, LoopCase]:
+    """The bench model (compute dominates) and a tiny one (the framework's per-step overhead dominates)."""
+    return (LoopCase("bench model", d=sizes.d, n_blocks=4, batch=sizes.batch, steps=sizes.steps),
+            LoopCase("tiny model", d=16, n_blocks=1, batch=8, steps=sizes.steps * 5))
+
+
+# Section (a)'s clock: "wall" (time.perf_counter) or "cpu" (time.thread_time: the CPU time of the training thread,
+# which excludes the time the thread waited for a core; with one intra-op thread all of a CPU step's work runs in
+# that thread, so on a shared machine it measures what the step costs rather than what the neighbours took).
+STEP_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+step_clock = "wall"
+
+
 class TimedBatches:
     """An endless iterable over fixed batches that stamps the time of every batch request.
 
@@ -100,13 +131,15 @@ class TimedBatches:
     before the first batch and evaluation after the last are excluded, whoever runs the loop.
     """
 
-    def __init__(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], limit: int) -> None:
+    def __init__(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], limit: int,
+                 clock: Callable[[], float] | None = None) -> None:
         self.batches, self.limit = list(batches), limit
+        self.clock = STEP_CLOCKS[step_clock] if clock is None else clock
         self.stamps: list[float] = []
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for i in range(self.limit):
-            self.stamps.append(time.perf_counter())
+            self.stamps.append(self.clock())
             yield self.batches[i % len(self.batches)]
 
     def step_s(self) -> float:
@@ -114,45 +147,47 @@ class TimedBatches:
         return statistics.median(gaps) if gaps else float("nan")
 
 
-def _mlp_and_data(sizes: Sizes, seed: int = 0) -> tuple[torch.nn.Module, list, list]:
+def _mlp_and_data(case: LoopCase, seed: int = 0) -> tuple[torch.nn.Module, list, list]:
     from course_lib.models import Net
 
     torch.manual_seed(seed)
-    model = Net(d_in=32, d=sizes.d, n_blocks=4, n_out=10)
+    model = Net(d_in=32, d=case.d, n_blocks=case.n_blocks, n_out=10)
     g = torch.Generator().manual_seed(seed)
-    batches = [(torch.randn(sizes.batch, 32, generator=g), torch.randint(0, 10, (sizes.batch,), generator=g))
+    batches = [(torch.randn(case.batch, 32, generator=g), torch.randint(0, 10, (case.batch,), generator=g))
                for _ in range(8)]
     return model, batches, batches[:1]
 
 
-def _cfg(sizes: Sizes) -> Any:
+def _cfg(case: LoopCase) -> Any:
     from course_lib.train import TrainConfig
 
-    return TrainConfig(steps=sizes.steps, bs=sizes.batch, lr=1e-3, wd=0.05, clip=1.0, amp_dtype="fp32",
-                       device="cpu", model="net", log_every=sizes.steps, eval_every=sizes.steps)
+    return TrainConfig(steps=case.steps, bs=case.batch, lr=1e-3, wd=0.05, clip=1.0, amp_dtype="fp32",
+                       device="cpu", model="net", log_every=case.steps, eval_every=case.steps)
 
 
-def run_course_train(model: torch.nn.Module, batches: list, val: list, sizes: Sizes) -> float:
+def run_course_train(model: torch.nn.Module, batches: list, val: list, case: LoopCase) -> float:
+    """``course_lib.train.train()`` on the batches, no files; returns its steady step time (s)."""
+    import contextlib
+    import io
+
     from course_lib.train import train
 
-    timed = TimedBatches(batches, limit=sizes.steps + 1)
-    import io
-    import contextlib
-
-    with contextlib.redirect_stderr(io.StringIO()):  # the progress bar is part of the work, not of the report
-        train(model, timed, val, _cfg(sizes), device="cpu", ckpt_path=None)
+    timed = TimedBatches(batches, limit=case.steps + 1)
+    # The progress bar is part of the work, not of the report (hidden when stderr is not a terminal, like here).
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        train(model, timed, val, _cfg(case), device="cpu", ckpt_path=None)
     return timed.step_s()
 
 
-def run_minimal_loop(model: torch.nn.Module, batches: list, val: list, sizes: Sizes) -> float:
+def run_minimal_loop(model: torch.nn.Module, batches: list, val: list, case: LoopCase) -> float:
     """The same work written out by hand: AdamW groups, lr per step, clipping, an evaluation at the end."""
     from course_lib.train import lr_at, param_groups
     from course_lib.train.optim import BETAS
 
-    cfg = _cfg(sizes)
+    cfg = _cfg(case)
     groups = [{k: v for k, v in g.items() if k != "names"} for g in param_groups(model, cfg.wd)]
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=BETAS)
-    timed = TimedBatches(batches, limit=sizes.steps + 1)
+    timed = TimedBatches(batches, limit=case.steps + 1)
     model.train()
     it = iter(timed)
     for step in range(cfg.steps):
@@ -196,15 +231,16 @@ def _lightning_module(model: torch.nn.Module, cfg: Any) -> Any:
     return Module()
 
 
-def run_lightning(model: torch.nn.Module, batches: list, val: list, sizes: Sizes) -> float:
+def run_lightning(model: torch.nn.Module, batches: list, val: list, case: LoopCase) -> float:
+    """PyTorch Lightning doing the same work, made fair: no logger, checkpoint, progress bar or model summary."""
     import logging
 
     import lightning as L
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    cfg = _cfg(sizes)
-    timed = TimedBatches(batches, limit=sizes.steps + 2)
+    cfg = _cfg(case)
+    timed = TimedBatches(batches, limit=case.steps + 2)
     trainer = L.Trainer(
         max_steps=cfg.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=cfg.clip,
@@ -219,7 +255,7 @@ def run_lightning(model: torch.nn.Module, batches: list, val: list, sizes: Sizes
 
 
 def aten_calls_per_step(run: Callable[..., float], model: torch.nn.Module, batches: list, val: list,
-                        sizes: Sizes) -> float:
+                        case: LoopCase) -> float:
     """Operator calls (``aten::*``) per training step of ``run``, counted by the profiler (evaluation included).
 
     The count, unlike a time, does not depend on background load: it is how a loop's extra work is diagnosed.
@@ -227,37 +263,84 @@ def aten_calls_per_step(run: Callable[..., float], model: torch.nn.Module, batch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        run(model, batches, val, sizes)
-    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / sizes.steps
+        run(model, batches, val, case)
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / case.steps
+
+
+CONTENDERS: dict[str, Callable[..., float]] = {
+    "course_train": run_course_train, "minimal_loop": run_minimal_loop, "lightning": run_lightning,
+}
+GOAL_TRAIN_VS_MINIMAL = 1.02  # train()'s step time at most 2 % above the minimal loop's
+GOAL_OVERHEAD_VS_LIGHTNING = 0.25  # train()'s overhead (ms above the minimal loop) at most a quarter of Lightning's
+
+
+def interleaved_step_times(case: LoopCase, reps: int, log: Callable[[str], None],
+                           contenders: dict[str, Callable[..., float]] | None = None) -> dict[str, list[float]]:
+    """Each contender's steady step time (s) in each repetition, the order reversed every other one (A B C, C B A).
+
+    The compare() protocol's interleaving: a slow drift in background load hits every contender alike, and the
+    contenders of one repetition ran back to back, so their *paired* differences and ratios are what is reported.
+    """
+    contenders = CONTENDERS if contenders is None else contenders
+    base, batches, val = _mlp_and_data(case)
+    names = list(contenders)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for rep in range(reps):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            times[name].append(contenders[name](copy.deepcopy(base), batches, val, case))
+        log(f"  {case.label} rep {rep + 1}/{reps}: "
+            + ", ".join(f"{k} {1000 * v[-1]:.3f} ms" for k, v in times.items()))
+    return times
+
+
+def median_and_quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """``(median, low, high)``: the quartiles with four or more values, else the minimum and maximum."""
+    vals = sorted(values)
+    if len(vals) < 4:
+        return statistics.median(vals), vals[0], vals[-1]
+    low, mid, high = statistics.quantiles(vals, n=4, method="inclusive")
+    return mid, low, high
+
+
+def summarise_loops(case: LoopCase, times: dict[str, list[float]]) -> dict[str, Any]:
+    """Ratios and overheads from paired repetitions, each with its spread (quartiles over the repetitions)."""
+    from course_lib.perf.compare import Measurement, verdict_from_times
+
+    m = {k: Measurement(k, tuple(v), unit="step") for k, v in times.items()}
+    vs_min = verdict_from_times(m["minimal_loop"], m["course_train"], band=GOAL_TRAIN_VS_MINIMAL - 1)
+    overhead = {k: median_and_quartiles([1000 * (t - b) for t, b in zip(times[k], times["minimal_loop"])])
+                for k in ("course_train", "lightning")}
+    train_ms, lightning_ms = overhead["course_train"][0], overhead["lightning"][0]
+    share = train_ms / lightning_ms if lightning_ms > 0 else math.inf
+    return {
+        "model": case.describe(), "steps": case.steps, "reps": len(times["minimal_loop"]),
+        "clock": step_clock,
+        "step_ms": {k: 1000 * statistics.median(v) for k, v in times.items()},
+        "all_step_ms": {k: [1000 * t for t in v] for k, v in times.items()},
+        "ratio_train_vs_minimal": vs_min.ratio, "ratio_train_vs_minimal_quartiles": [vs_min.low, vs_min.high],
+        "verdict_train_vs_minimal": vs_min.outcome,
+        "overhead_ms": {k: {"median": v[0], "low": v[1], "high": v[2]} for k, v in overhead.items()},
+        "overhead_train_vs_lightning": share,
+        "met_train_vs_minimal": vs_min.ratio <= GOAL_TRAIN_VS_MINIMAL,
+        "met_overhead_vs_lightning": share <= GOAL_OVERHEAD_VS_LIGHTNING,
+    }
 
 
 def bench_training_loops(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
-    base, batches, val = _mlp_and_data(sizes)
-    contenders: dict[str, Callable[..., float]] = {
-        "course_train": run_course_train, "minimal_loop": run_minimal_loop, "lightning": run_lightning,
-    }
-    times: dict[str, list[float]] = {k: [] for k in contenders}
-    names = list(contenders)
-    for rep in range(sizes.reps):
-        order = names[rep % len(names):] + names[: rep % len(names)]  # rotate who goes first
-        for name in order:
-            times[name].append(contenders[name](copy.deepcopy(base), batches, val, sizes))
-        log(f"  loops rep {rep + 1}/{sizes.reps}: " + ", ".join(f"{k} {1000 * v[-1]:.2f} ms" for k, v in times.items()))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    # Ratios within each repetition (contenders ran back to back), then the median over repetitions: a burst of
-    # background load during one repetition shifts all three of its numbers, not the ratio.
-    vs_min = statistics.median(a / b for a, b in zip(times["course_train"], times["minimal_loop"]))
-    vs_l = statistics.median(a / b for a, b in zip(times["course_train"], times["lightning"]))
-    ops = {name: aten_calls_per_step(fn, copy.deepcopy(base), batches, val, sizes)
-           for name, fn in (("course_train", run_course_train), ("minimal_loop", run_minimal_loop))}
+    """Section (a) on both models: interleaved repetitions, ratios and ms of overhead with their spreads."""
+    cases = {}
+    for case in loop_cases(sizes):
+        result = summarise_loops(case, interleaved_step_times(case, sizes.loop_reps, log))
+        base, batches, val = _mlp_and_data(case)
+        ops = {name: aten_calls_per_step(CONTENDERS[name], copy.deepcopy(base), batches, val, case)
+               for name in ("course_train", "minimal_loop")}
+        result["aten_calls_per_step"] = ops
+        result["ratio_ops_train_vs_minimal"] = ops["course_train"] / ops["minimal_loop"]
+        cases[case.label] = result
     return {
-        "aten_calls_per_step": ops, "ratio_ops_train_vs_minimal": ops["course_train"] / ops["minimal_loop"],
-        "model": f"Net(d_in=32, d={sizes.d}, n_blocks=4), batch {sizes.batch}, fp32, CPU",
-        "steps": sizes.steps, "reps": sizes.reps, "step_ms": {k: 1000 * v for k, v in med.items()},
-        "all_step_ms": {k: [1000 * t for t in v] for k, v in times.items()},
-        "ratio_train_vs_minimal": vs_min, "ratio_train_vs_lightning": vs_l,
-        "goal_train_vs_minimal": 1.05, "goal_train_vs_lightning": 0.7,
-        "met_train_vs_minimal": vs_min <= 1.05, "met_train_vs_lightning": vs_l <= 0.7,
+        "cases": cases, "goal_train_vs_minimal": GOAL_TRAIN_VS_MINIMAL,
+        "goal_overhead_vs_lightning": GOAL_OVERHEAD_VS_LIGHTNING,
+        "met": all(c["met_train_vs_minimal"] and c["met_overhead_vs_lightning"] for c in cases.values()),
     }
 
 
@@ -343,12 +426,13 @@ def bench_in_memory(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
 def bench_compile(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
     from course_lib.perf.compile import measure_compile
 
-    model, batches, _ = _mlp_and_data(sizes)
+    model, batches, _ = _mlp_and_data(loop_cases(sizes)[0])
     model.eval()  # dropout off: same work in both
     counter = iter(range(10**9))
     result = measure_compile(model, lambda: batches[next(counter) % len(batches)], steps=sizes.compile_steps,
                              backend=sizes.compile_backend)
-    log(f"  compile ({sizes.compile_backend}): steady {result['speedup']:.2f}x, cold {result['cold_first_step_s']:.1f} s")
+    log(f"  compile ({sizes.compile_backend}): steady {result['speedup']:.2f}x, "
+        f"cold {result['cold_first_step_s']:.1f} s")
     result["ratio_compiled_vs_eager_step_time"] = result["compiled_step_s"] / result["eager_step_s"]
     result["model"] = f"Net(d_in=32, d={sizes.d}, n_blocks=4), batch {sizes.batch}"
     return result
@@ -406,93 +490,149 @@ def _met(flag: Any) -> str:
     return "-" if flag is None else ("met" if flag else "NOT met")
 
 
-def to_markdown(report: dict[str, Any]) -> str:
+def _range(low: float, high: float, spec: str) -> str:
+    return f"{format(low, spec)} to {format(high, spec)}"
+
+
+def _rows_loops(a: dict[str, Any]) -> list[str]:
+    rows = []
+    for label, c in a["cases"].items():
+        low, high = c["ratio_train_vs_minimal_quartiles"]
+        over = {k: f"{v['median']:+.3f} ({_range(v['low'], v['high'], '+.3f')})" for k, v in c["overhead_ms"].items()}
+        rows.append(f"| (a) {label}: `train()` step time / minimal loop (quartiles {_range(low, high, '.3f')}) | "
+                    f"{_fmt(c['ratio_train_vs_minimal'], '.3f')}x | <= {a['goal_train_vs_minimal']:.2f}x | "
+                    f"{_met(c['met_train_vs_minimal'])} |")
+        rows.append(f"| (a) {label}: ms per step above the minimal loop, `train()` {over['course_train']} vs "
+                    f"Lightning {over['lightning']}; `train()`'s / Lightning's | "
+                    f"{_fmt(c['overhead_train_vs_lightning'])} | <= {a['goal_overhead_vs_lightning']:.2f} | "
+                    f"{_met(c['met_overhead_vs_lightning'])} |")
+        rows.append(f"| (a) {label}: `train()` operator calls per step / minimal loop | "
+                    f"{_fmt(c['ratio_ops_train_vs_minimal'], '.3f')}x | - | load-independent |")
+    return rows
+
+
+def _rows_loaders(b: dict[str, Any]) -> list[str]:
+    return [f"| (b) tuned loader (workers={b['tuned']['num_workers']}) / workers=0, steady samples/s | "
+            f"{_fmt(b['ratio_tuned_vs_workers0'])}x | >= 1.7x | {_met(b['met'])} |",
+            f"| (b) the same, worker start-up included | {_fmt(b['ratio_with_startup'])}x | - | - |"]
+
+
+def _rows_in_memory(im: dict[str, Any]) -> list[str]:
+    return [f"| (b) DeviceBatcher / DataLoader(TensorDataset), samples/s | "
+            f"{_fmt(im['ratio_devicebatcher_vs_dataloader'])}x | - | same work: gather + normalise |",
+            f"| (b) DeviceBatcher with crop/flip on the device / DataLoader(TensorDataset, no augmentation) | "
+            f"{_fmt(im['ratio_devicebatcher_augmented_vs_dataloader'])}x | - | augmented side does more |"]
+
+
+def _rows_compile(c: dict[str, Any]) -> list[str]:
+    return [f"| (c) compiled / eager steady-state step time ({c['backend']}) | "
+            f"{_fmt(c['ratio_compiled_vs_eager_step_time'])}x | - | - |",
+            f"| (c) cold first compiled step / eager step | {_fmt(c['cold_first_step_s'] / c['eager_step_s'], '.0f')}x "
+            f"({_fmt(c['cold_first_step_s'], '.1f')} s) | - | - |"]
+
+
+def _rows_precision(p: dict[str, Any]) -> list[str]:
+    return [f"| (c) bf16 / fp32 step time on {p['device']} | {_fmt(p['ratio_bf16_vs_fp32_step_time'])}x | - | - |"]
+
+
+def _rows_gpu(d: dict[str, Any]) -> list[str]:
+    if "skipped" in d:
+        return [f"| (d) GPT tokens/s, MFU | skipped | - | {d['skipped']} |"]
+    rows = []
+    for row in d["rows"]:
+        mfu_text = _fmt(row["mfu"], ".1%") if row["mfu"] is not None else "-"
+        rows.append(f"| (d) {d['model']} on {d['gpu']}, {row['contender']}: {row['tokens_per_s']:,.0f} tokens/s, "
+                    f"MFU {mfu_text}; tokens/s vs {d['rows'][0]['contender']} | {_fmt(row['vs_first'])}x | - | "
+                    f"{d['peak_source']} |")
+    rows += [f"| (d) {name} | error | - | {err} |" for name, err in d.get("failed", {}).items()]
+    return rows
+
+
+def _details_loops(a: dict[str, Any]) -> list[str]:
+    lines = []
+    for label, c in a["cases"].items():
+        ops = c["aten_calls_per_step"]
+        lines.append(
+            f"(a) {label}: {c['model']}, {c['steps']} steps x {c['reps']} repetitions, {c['clock']} clock, the "
+            "order reversed every "
+            "other repetition; step time = median gap between batch requests within a run; ratio and overhead per "
+            "repetition (contenders back to back), then the median and quartiles over the repetitions. Median "
+            "step ms: " + ", ".join(f"{k} {v:.3f}" for k, v in c["step_ms"].items()) + "; per repetition: " +
+            "; ".join(f"{k} " + ", ".join(f"{t:.3f}" for t in v) for k, v in c["all_step_ms"].items()) +
+            f". Operator calls per step (profiler): train() {ops['course_train']:.0f} vs minimal loop "
+            f"{ops['minimal_loop']:.0f}: train()'s extra calls count each group's targets (exact accumulation), "
+            "divide the summed loss by that count and keep the loss for the log line.")
+    return lines
+
+
+def _details_loaders(b: dict[str, Any]) -> list[str]:
+    return [f"(b) {b['dataset']}; batch {b['batch_size']}, {b['n_batches']} batches; samples/s: " +
+            ", ".join(f"{k} {v:.0f}" for k, v in b["samples_per_s"].items()) + f". {b['note']}."]
+
+
+def _details_in_memory(im: dict[str, Any]) -> list[str]:
+    return [f"(b) in memory, {im['dataset']}: samples/s " +
+            ", ".join(f"{k} {v:.0f}" for k, v in im["samples_per_s"].items()) +
+            f". Why workers do not help here: {im['why_workers_do_not_help']}"]
+
+
+def _details_compile(c: dict[str, Any]) -> list[str]:
+    fallback = f"; fallback: {c['fallback_reason']}" if c["fallback_reason"] else ""
+    return [f"(c) compile: {c['model']}, mode {c['mode']}, eager {1000 * c['eager_step_s']:.2f} ms vs compiled "
+            f"{1000 * c['compiled_step_s']:.2f} ms per step; cold first step {c['cold_first_step_s']:.1f} s{fallback}."]
+
+
+def _details_precision(p: dict[str, Any]) -> list[str]:
+    return [f"(c) precision: {p['model']}: " + "; ".join(
+        f"{row['precision']} {row['step_ms']:.2f} ms/step, final loss {row['final_loss']:.4f}"
+        for row in p["rows"]) + "."]
+
+
+def _details_gpu(d: dict[str, Any]) -> list[str]:
+    if "skipped" in d:
+        return []
+    return [f"(d) {d['model']}: {d['n_params_non_embedding'] / 1e6:.1f} M parameters without position embeddings, "
+            f"batch {d['batch']} x {d['seq_len']} tokens, {d['warmup_steps']} warm-up steps, {d['rounds']} interleaved "
+            f"rounds of {d['steps_per_round']} steps; FLOPs/token = 6N + 12 L H Q T = {d['flops_per_token'] / 1e9:.3f} "
+            f"GFLOP; peak: {d['peak_source']}. " + " ".join(d["verdicts"])]
+
+
+# Each section's table rows and detail lines, in the order of the table.
+SECTION_TEXT: dict[str, tuple[Callable[[dict[str, Any]], list[str]], Callable[[dict[str, Any]], list[str]]]] = {
+    "training_loops": (_rows_loops, _details_loops),
+    "loaders": (_rows_loaders, _details_loaders),
+    "in_memory": (_rows_in_memory, _details_in_memory),
+    "compile": (_rows_compile, _details_compile),
+    "precision": (_rows_precision, _details_precision),
+    "gpu_gpt": (_rows_gpu, _details_gpu),
+}
+
+
+def _header(report: dict[str, Any]) -> list[str]:
     m = report["machine"]
-    r = report["results"]
-    lines = [
+    gpu = f" ({m['gpu']})" if m.get("gpu") else ""
+    return [
         "# Benchmark table", "",
         f"Measured {m['date']} with `python -m course_lib bench {' '.join(report['argv'])}` (preset "
-        f"`{report['preset']}`). All figures are ratios of runs made side by side in this one run, contenders "
-        "interleaved, median of the repetitions.", "",
+        f"`{report['preset']}`). All figures are ratios or differences of runs made side by side in this one run, "
+        "contenders interleaved, median of the repetitions (quartiles in brackets).", "",
         f"Machine: {m['cpu']}, {m['cores']} usable cores, {m['os']}, Python {m['python']}, torch {m['torch']}, "
-        f"device `{m['device']}`" + (f" ({m['gpu']})" if m.get("gpu") else "") +
-        f". Load average at start: {m.get('load_average')}. " + report["shared_note"], "",
+        f"{m['torch_threads']} thread(s), device `{m['device']}`{gpu}. Load average (1, 5, 15 min) at start: "
+        f"{m.get('load_average')}, at the end: {report.get('load_average_end')}. " + report["shared_note"], "",
         "| what | ratio | goal | status |", "|---|---|---|---|",
     ]
-    a = r.get("training_loops")
-    if a:
-        lines.append(f"| (a) `train()` step time / minimal loop | {_fmt(a['ratio_train_vs_minimal'])}x | <= 1.05x | "
-                     f"{_met(a['met_train_vs_minimal'])} |")
-        lines.append(f"| (a) `train()` operator calls per step / minimal loop | "
-                     f"{_fmt(a['ratio_ops_train_vs_minimal'], '.3f')}x | - | load-independent |")
-        lines.append(f"| (a) `train()` step time / Lightning | {_fmt(a['ratio_train_vs_lightning'])}x | <= 0.7x | "
-                     f"{_met(a['met_train_vs_lightning'])} |")
-    b = r.get("loaders")
-    if b:
-        lines.append(f"| (b) tuned loader (workers={b['tuned']['num_workers']}) / workers=0, steady samples/s | "
-                     f"{_fmt(b['ratio_tuned_vs_workers0'])}x | >= 1.7x | {_met(b['met'])} |")
-        lines.append(f"| (b) the same, worker start-up included | {_fmt(b['ratio_with_startup'])}x | - | - |")
-    im = r.get("in_memory")
-    if im:
-        lines.append(f"| (b) DeviceBatcher / DataLoader(TensorDataset), samples/s | "
-                     f"{_fmt(im['ratio_devicebatcher_vs_dataloader'])}x | - | same work: gather + normalise |")
-        lines.append(f"| (b) DeviceBatcher with crop/flip on the device / DataLoader(TensorDataset, no augmentation) | "
-                     f"{_fmt(im['ratio_devicebatcher_augmented_vs_dataloader'])}x | - | augmented side does more |")
-    c = r.get("compile")
-    if c:
-        lines.append(f"| (c) compiled / eager steady-state step time ({c['backend']}) | "
-                     f"{_fmt(c['ratio_compiled_vs_eager_step_time'])}x | - | - |")
-        lines.append(f"| (c) cold first compiled step / eager step | "
-                     f"{_fmt(c['cold_first_step_s'] / c['eager_step_s'], '.0f')}x "
-                     f"({_fmt(c['cold_first_step_s'], '.1f')} s) | - | - |")
-    p = r.get("precision")
-    if p:
-        lines.append(f"| (c) bf16 / fp32 step time on {p['device']} | {_fmt(p['ratio_bf16_vs_fp32_step_time'])}x | - | - |")
-    d = r.get("gpu_gpt")
-    if d:
-        if "skipped" in d:
-            lines.append(f"| (d) GPT tokens/s, MFU | skipped | - | {d['skipped']} |")
-        else:
-            for row in d["rows"]:
-                mfu_text = _fmt(row["mfu"], ".1%") if row["mfu"] is not None else "-"
-                lines.append(f"| (d) {d['model']} on {d['gpu']}, {row['contender']}: {row['tokens_per_s']:,.0f} "
-                             f"tokens/s, MFU {mfu_text}; tokens/s vs {d['rows'][0]['contender']} | "
-                             f"{_fmt(row['vs_first'])}x | - | {d['peak_source']} |")
-            for name, err in d.get("failed", {}).items():
-                lines.append(f"| (d) {name} | error | - | {err} |")
-    for name, err in report.get("errors", {}).items():
-        lines.append(f"| {name} | error | - | {err} |")
-    lines += ["", "## Details", ""]
-    if a:
-        lines.append(f"(a) {a['model']}, {a['steps']} steps x {a['reps']} reps; median step ms: " +
-                     ", ".join(f"{k} {v:.2f}" for k, v in a["step_ms"].items()) + "; per-repetition ms: " +
-                     "; ".join(f"{k} " + ", ".join(f"{t:.1f}" for t in v) for k, v in a["all_step_ms"].items()) +
-                     f". Operator calls per step (profiler, load-independent): train() "
-                     f"{a['aten_calls_per_step']['course_train']:.0f} vs minimal loop "
-                     f"{a['aten_calls_per_step']['minimal_loop']:.0f} ({a['ratio_ops_train_vs_minimal']:.3f}x): "
-                     "the extra calls are train()'s bookkeeping -- counting targets before the backward (exact "
-                     "accumulation), a sum-reduced loss divided by that count, on-device loss/count accumulation "
-                     "for logging, disabled GradScaler calls -- plus its tqdm bar.")
-    if b:
-        lines.append(f"(b) {b['dataset']}; batch {b['batch_size']}, {b['n_batches']} batches; samples/s: " +
-                     ", ".join(f"{k} {v:.0f}" for k, v in b["samples_per_s"].items()) + f". {b['note']}.")
-    if im:
-        lines.append(f"(b) in memory, {im['dataset']}: samples/s " +
-                     ", ".join(f"{k} {v:.0f}" for k, v in im["samples_per_s"].items()) +
-                     f". Why workers do not help here: {im['why_workers_do_not_help']}")
-    if c:
-        lines.append(f"(c) compile: {c['model']}, mode {c['mode']}, eager {1000 * c['eager_step_s']:.2f} ms vs "
-                     f"compiled {1000 * c['compiled_step_s']:.2f} ms per step; cold first step "
-                     f"{c['cold_first_step_s']:.1f} s" + (f"; fallback: {c['fallback_reason']}" if c["fallback_reason"] else "") + ".")
-    if p:
-        lines.append(f"(c) precision: {p['model']}: " + "; ".join(
-            f"{row['precision']} {row['step_ms']:.2f} ms/step, final loss {row['final_loss']:.4f}" for row in p["rows"]) + ".")
-    if d and "skipped" not in d:
-        lines.append(f"(d) {d['model']}: {d['n_params_non_embedding'] / 1e6:.1f} M parameters without position "
-                     f"embeddings, batch {d['batch']} x {d['seq_len']} tokens, {d['warmup_steps']} warm-up steps, "
-                     f"{d['rounds']} interleaved rounds of {d['steps_per_round']} steps; FLOPs/token = 6N + 12 L H Q T "
-                     f"= {d['flops_per_token'] / 1e9:.3f} GFLOP; peak: {d['peak_source']}. " + " ".join(d["verdicts"]))
-    return "\n".join(lines) + "\n"
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    """The report as a Markdown table (one or more rows per section) followed by the details of each section."""
+    results = report["results"]
+    rows, details = [], []
+    for key, (section_rows, section_details) in SECTION_TEXT.items():
+        if results.get(key):
+            rows += section_rows(results[key])
+            details += section_details(results[key])
+    rows += [f"| {name} | error | - | {err} |" for name, err in report.get("errors", {}).items()]
+    return "\n".join(_header(report) + rows + ["", "## Details", ""] + details) + "\n"
 
 
 def run_bench(preset: str = "quick", *, sections: Sequence[str] = ("loops", "loaders", "in_memory", "compile",
@@ -519,10 +659,11 @@ def run_bench(preset: str = "quick", *, sections: Sequence[str] = ("loops", "loa
         t0 = time.perf_counter()
         try:
             report["results"][key] = job()
-        except Exception as exc:  # noqa: BLE001 - one failing section must not lose the others
+        except Exception as exc:
             report["errors"][key] = f"{type(exc).__name__}: {exc}"
             log(f"  {key} failed: {report['errors'][key]}")
         log(f"  ({time.perf_counter() - t0:.1f} s)")
+    report["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return report
 
 
@@ -538,25 +679,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense bf16 (fp16 before Ampere) peak TFLOP/s for MFU, when it is not in "
                              "the built-in table")
+    parser.add_argument("--clock", choices=sorted(STEP_CLOCKS), default="wall",
+                        help="section (a)'s step clock: wall time, or the training thread's CPU time (needs "
+                             "--threads 1; steadier on a machine shared with other work)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice). On a machine shared with other work, "
                              "1 avoids the stalls of oversubscribed OpenMP threads spinning for busy cores")
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads={args.threads} must be >= 1")
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu needs --threads 1: the CPU time of other intra-op threads is not counted")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         parser.error(f"--peak-tflops={args.peak_tflops} must be > 0")
     preset = "tiny" if args.tiny else "quick" if args.quick else "full"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sections = args.only or ["loops", "loaders", "in_memory", "compile", "precision", "gpu"]
-    previous_threads = torch.get_num_threads()
+    global step_clock
+    previous_threads, previous_clock = torch.get_num_threads(), step_clock
+    step_clock = args.clock
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
         report = run_bench(preset, sections=sections, peak_tflops=args.peak_tflops, argv=argv)
     finally:
         torch.set_num_threads(previous_threads)  # callers (notebooks, tests) keep their own setting
+        step_clock = previous_clock
     (out / "latest.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     (out / "latest.md").write_text(to_markdown(report), encoding="utf-8")
     print(to_markdown(report))

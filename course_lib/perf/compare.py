@@ -28,7 +28,6 @@ Texts that explain a number are generated from a :class:`Verdict` (:meth:`Verdic
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +36,7 @@ from typing import Any
 
 import torch
 
-from course_lib.device import synchronize
+from course_lib.device import apply_course_threads, course_threads, synchronize
 
 __all__ = [
     "OUTCOMES",
@@ -57,35 +56,7 @@ OUTCOMES = ("faster", "slower", "too_close", "busy")
 _clock: Callable[[], float] = time.perf_counter
 
 
-# --------------------------------------------------------------------------------------------------------
-# Threads: one choice for the whole course
-# --------------------------------------------------------------------------------------------------------
-def course_threads() -> int:
-    """The intra-op thread count every lesson measures with: ``COURSE_THREADS``, else half the cores (>= 1).
-
-    Half the cores because a learner's laptop is never idle: a thread per core competes with the browser and
-    the video call for every core, and one preempted thread stalls the whole parallel region (lesson 01 measures
-    this). Raise it with ``COURSE_THREADS=<n>`` on a machine you keep quiet.
-    """
-    raw = os.environ.get("COURSE_THREADS", "").strip()
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise ValueError(f"COURSE_THREADS={raw!r} must be a whole number >= 1 (the intra-op thread count).")
-        return value
-    cores = os.cpu_count() or 1
-    return max(1, cores // 2)
-
-
-def apply_course_threads() -> int:
-    """Set ``torch``'s intra-op thread count to :func:`course_threads` and return it."""
-    n = course_threads()
-    if torch.get_num_threads() != n:
-        torch.set_num_threads(n)
-    return n
+# Threads: one choice for the whole course, made in course_lib.device (the training CLI needs it too).
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ With no argument it trains the small CNN on the offline "shapes" data.
 ``--resume`` continues the run stored in ``--out``: the configuration comes from its checkpoint, and only the
 options you pass explicitly override it (e.g. ``--steps 1200`` to train longer). A fresh run into a folder that
 already holds one is refused unless ``--overwrite`` says to replace it; a folder another process is writing to is
-refused too.
+refused too. The run uses the course's intra-op thread count (``COURSE_THREADS``, else half the cores: see
+:func:`course_lib.device.course_threads`), like every lesson.
 
 Every failure ends in one ``error:`` line that says what, why and what to do, never a traceback. Exit codes:
 ``0`` done, ``1`` the run failed while running (diverged, disk full, a file could not be written: the last good
@@ -25,9 +26,11 @@ import os
 import shlex
 import sys
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from course_lib.device import apply_course_threads
 from course_lib.train.checkpoint import CheckpointError, WriteError, read_checkpoint
 from course_lib.train.config import ConfigError, TrainConfig
 from course_lib.train.guard import NonFiniteError
@@ -142,7 +145,7 @@ def _interrupted_line(out: Path) -> str:
     try:
         step = read_checkpoint(ckpt)["step"]
     except CheckpointError:
-        return f"interrupted (Ctrl-C) before the first checkpoint; nothing to resume: start the run again."
+        return "interrupted (Ctrl-C) before the first checkpoint; nothing to resume: start the run again."
     return f"interrupted (Ctrl-C); the last checkpoint (step {step}) is in {ckpt}. Continue with: {command}"
 
 
@@ -160,8 +163,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "--overwrite deletes it. Pass one of them.")
         cfg = config_from_args(args)
         out = Path(cfg.out)
+        try:
+            threads = apply_course_threads()  # the course's thread count (COURSE_THREADS, else half the cores)
+        except ValueError as exc:  # a bad COURSE_THREADS: bad input, reported in one line
+            raise ConfigError(str(exc)) from None
         if is_main:
             print("config: " + json.dumps(cfg.resolved().to_dict()), flush=True)
+            print(f"threads: {threads} (COURSE_THREADS overrides)", flush=True)
         from course_lib.train.launch import run  # imported late: the data package loads only when a run starts
 
         # Claim the folder before loading any data, so a bad --out fails first (train() joins this claim).
@@ -186,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     last_eval = next((r for r in reversed(history) if "val_loss" in r), None)
     if last_eval is not None:
-        print(f"final: step {last_eval['step']}  val_loss {last_eval['val_loss']:.4f}  val_acc {last_eval['val_acc']:.3f}")
+        print(f"final: step {last_eval['step']}  val_loss {last_eval['val_loss']:.4f}  "
+              f"val_acc {last_eval['val_acc']:.3f}")
     print(f"metrics:    {out / METRICS_FILE}")
     print(f"checkpoint: {out / CHECKPOINT_FILE}")
     return 0

@@ -1,15 +1,18 @@
 """The training loop: every concern of a real run, each in one place, readable top to bottom.
 
-One optimizer step of :func:`train`:
+One optimizer step of :func:`train` (:func:`training_steps`):
 
-1. set the learning rate of every parameter group from the step number (``lr_at``);
+1. set the learning rate of every parameter group from the step number (:func:`set_lr`);
 2. take ``accum`` micro-batches, count their targets, forward/backward each (``backward_group``);
-3. ``scaler.unscale_`` (a no-op unless fp16), measure the gradient norm *after* unscaling and clip it;
-4. ``scaler.step`` + ``scaler.update``, then ``zero_grad(set_to_none=True)``.
+3. :func:`optimizer_step`: with fp16, ``scaler.unscale_`` first; measure the gradient norm *after* unscaling and
+   clip it; step (``scaler.step`` + ``scaler.update`` with fp16), then ``zero_grad(set_to_none=True)``;
+4. remember the step's loss for the log (:class:`LogWindow`: a list append, no device work).
 
-The loss is accumulated *on the device*: nothing calls ``.item()`` (which waits for the GPU) except at the
-``log_every`` and ``eval_every`` boundaries. Every ``eval_every`` steps (and at the end) the model is evaluated and
-a checkpoint is written; ``train(..., resume=True)`` continues from it exactly where the run stopped.
+The hot path does only what a hand-written loop does: nothing calls ``.item()`` (which waits for the GPU) except
+at the ``log_every`` and ``eval_every`` boundaries, the GradScaler is not called when it is disabled (fp32, bf16),
+and the parameter list for clipping is built once. Every ``eval_every`` steps (and at the end) the model is
+evaluated and a checkpoint is written (:func:`evaluate_and_checkpoint`); ``train(..., resume=True)`` continues from
+it exactly where the run stopped.
 
 Metrics go three ways: the returned history (a list of dicts), ``<out>/metrics.jsonl`` (one JSON object per
 line; rank 0 only) and a tqdm progress bar (rank 0 only).
@@ -28,8 +31,10 @@ import math
 import os
 import random
 import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,6 +45,7 @@ from course_lib.device import resolve_amp_dtype
 from course_lib.distributed import all_reduce_sum, get_rank, get_world_size, unwrap
 from course_lib.train.accumulate import backward_group
 from course_lib.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint, write_error
+from course_lib.train.compiling import maybe_compile
 from course_lib.train.config import TrainConfig
 from course_lib.train.evaluate import evaluate
 from course_lib.train.guard import NonFiniteError, check_record, divergence_message, json_safe
@@ -51,6 +57,10 @@ from course_lib.train.stream import BatchStream
 AUTO = "auto"  # ckpt_path="auto" means <cfg.out>/ckpt.pt
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "ckpt.pt"
+Batches = Iterable[Sequence[torch.Tensor]]
+
+# The clock of the throughput figures. Module-level so tests can substitute a deterministic one.
+_clock = time.perf_counter
 
 
 def seed_everything(seed: int) -> None:
@@ -58,19 +68,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:
-    """``torch.compile`` the model when ``enabled`` (with an honest eager fallback where compile cannot work)."""
-    if not enabled:
-        return model
-    try:
-        from course_lib.perf.compile import compile_or_eager
-    except ImportError:
-        return torch.compile(model)
-    compiled, _reason = compile_or_eager(model)
-    return compiled
-
 
 class MetricsLog:
     """The run's history in memory, mirrored to ``metrics.jsonl`` (one JSON object per line) on rank 0.
@@ -115,6 +112,79 @@ class MetricsLog:
                 os.truncate(self.path, self._committed_bytes)
 
 
+class LogWindow:
+    """The steps since the last log line: their losses (device tensors), target and example counts, and time.
+
+    Adding a step is a list append and integer additions: no device work and no host-device sync. The losses are
+    summed, and read, once per log line by :meth:`close`, which also starts the next window: every rate is the
+    rate of its own window. ``nan``/``inf`` survive the sum, so one bad step shows in the logged loss.
+    """
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        """Start an empty window now (after a log line, and after evaluation and checkpointing)."""
+        self.losses: list[torch.Tensor] = []
+        self.counts: list[torch.Tensor] = []  # target counts still on the device
+        self.targets = 0  # target counts already on the host
+        self.examples = 0
+        self.start = _clock()
+
+    def add(self, loss_sum: torch.Tensor, count: torch.Tensor | int, examples: int) -> None:
+        self.losses.append(loss_sum)
+        if isinstance(count, int):
+            self.targets += count
+        else:
+            self.counts.append(count)
+        self.examples += examples
+
+    def close(self) -> tuple[float, int, int, float]:
+        """``(loss sum over all ranks, targets, examples, seconds)`` of this window; the next one starts now."""
+        loss_sum = float(all_reduce_sum(torch.stack(self.losses).sum()))  # the one host sync per log line
+        targets = self.targets + (int(torch.stack(self.counts).sum()) if self.counts else 0)
+        seconds = max(_clock() - self.start, 1e-9)
+        examples = self.examples
+        self.restart()
+        return loss_sum, targets, examples, seconds
+
+
+@dataclass
+class Run:
+    """What one run holds, built once by :func:`train`, handed to each step."""
+
+    cfg: TrainConfig
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    model: nn.Module  # the module whose state is saved (DDP-wrapped under torchrun)
+    train_model: nn.Module  # the module that is called: ``model``, or its compiled version
+    params: list[nn.Parameter]  # for clipping: listed once, not walked through the modules every step
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    stream: BatchStream
+    val_loader: Batches
+    ckpt: Path | None
+    log: MetricsLog
+    bar: tqdm
+    world_size: int
+    is_main: bool
+    last_good: int | None  # the step of the last checkpoint written (or resumed from)
+
+    def last_good_sentence(self) -> str:
+        """What a divergence error says about the checkpoint on disk."""
+        if self.ckpt is None:
+            return "No checkpoint is written in this run (ckpt_path=None)."
+        if self.last_good is None:
+            return f"No checkpoint had been written yet ({self.ckpt} was not created)."
+        return (f"The last good checkpoint, step {self.last_good}, is unchanged in {self.ckpt}; nothing after the "
+                "divergence was saved.")
+
+    def check(self, record: dict[str, Any], step: int) -> None:
+        """Stop the run when ``record`` shows a divergence (:mod:`~course_lib.train.guard`)."""
+        check_record(record, step=step, cfg=self.cfg, scaler_enabled=self.scaler.is_enabled(),
+                     last_good=self.last_good_sentence())
+
+
 def _default_ckpt_path(ckpt_path: str | Path | None, cfg: TrainConfig) -> Path | None:
     if ckpt_path is None:
         return None
@@ -125,8 +195,8 @@ def _default_ckpt_path(ckpt_path: str | Path | None, cfg: TrainConfig) -> Path |
 
 def train(
     model: nn.Module,
-    train_loader: Iterable[Sequence[torch.Tensor]],
-    val_loader: Iterable[Sequence[torch.Tensor]],
+    train_loader: Batches,
+    val_loader: Batches,
     cfg: TrainConfig,
     device: torch.device | str | None = None,
     ckpt_path: str | Path | None = AUTO,
@@ -157,32 +227,37 @@ def train(
     cfg.validate()
     device = torch.device(device) if device is not None else cfg.torch_device()
     cfg = cfg.resolved(device)  # what the checkpoint stores: "cpu", "fp32"... not "auto"
-    amp_dtype = resolve_amp_dtype(cfg.amp_dtype, device)
-    rank, world_size = get_rank(), get_world_size()
-    is_main = rank == 0
     ckpt = _default_ckpt_path(ckpt_path, cfg)
     if resume and ckpt is None:
         raise ValueError("resume=True needs a checkpoint path (ckpt_path is None).")
-    owns_files = ckpt is not None and is_main
+    owns_files = ckpt is not None and get_rank() == 0
     folder = run_folder(cfg.out, ckpt, resume=resume, overwrite=overwrite) if owns_files else contextlib.nullcontext()
     with folder as claim:
         if claim is not None and overwrite and not resume:
             claim.start_fresh([ckpt, Path(cfg.out) / METRICS_FILE])
-        return _train(model, train_loader, val_loader, cfg, device, ckpt, resume, amp_dtype, rank, world_size)
+        run, start_step = build_run(model, train_loader, val_loader, cfg, device, ckpt, resume)
+        try:
+            training_steps(run, start_step)
+        except BaseException:
+            run.log.roll_back()  # metrics.jsonl never gets ahead of the last checkpoint
+            raise
+        finally:
+            run.bar.close()
+        return run.log.history
 
 
-def _train(model: nn.Module, train_loader: Iterable[Sequence[torch.Tensor]],
-           val_loader: Iterable[Sequence[torch.Tensor]], cfg: TrainConfig, device: torch.device, ckpt: Path | None,
-           resume: bool, amp_dtype: torch.dtype | None, rank: int, world_size: int) -> list[dict[str, Any]]:
+def build_run(model: nn.Module, train_loader: Batches, val_loader: Batches, cfg: TrainConfig, device: torch.device,
+              ckpt: Path | None, resume: bool) -> tuple[Run, int]:
+    """The run's components (optimizer, scaler, data stream, log, progress bar), restored when resuming."""
+    rank, world_size = get_rank(), get_world_size()
     is_main = rank == 0
-    # --- components: model, optimizer, scaler, data stream ----------------------------------------------------
+    amp_dtype = resolve_amp_dtype(cfg.amp_dtype, device)
     model.to(device)
     optimizer = build_optimizer(unwrap(model), cfg)
     # The GradScaler only does something for fp16 (bf16 and fp32 have fp32's exponent range: no underflow).
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     stream = BatchStream(train_loader)
     seed_everything(cfg.seed + rank)  # each rank its own dropout stream; the same stream on every run
-
     start_step, history = 0, []
     if resume:
         state = load_checkpoint(
@@ -195,107 +270,102 @@ def _train(model: nn.Module, train_loader: Iterable[Sequence[torch.Tensor]],
         if world_size > 1:
             seed_everything(cfg.seed + rank + 1_000_003 * start_step)
     metrics_path = Path(cfg.out) / METRICS_FILE if (ckpt is not None and is_main) else None
-    log = MetricsLog(metrics_path, history, fresh=not resume)
-    train_model = maybe_compile(model, cfg.compile)
-
-    last_good = {"step": start_step if resume else None}
     # disable=None: shown in a terminal and in a notebook, hidden when stderr is a pipe (torchrun, CI logs), where
     # every redraw would arrive as one more line; the log lines carry the same information there.
     bar = tqdm(total=cfg.steps, initial=start_step, disable=None if is_main else True, mininterval=2.0, desc="train",
                unit="step")
-    try:
-        _loop(model, train_model, optimizer, scaler, stream, val_loader, cfg, device, amp_dtype, ckpt, log, bar,
-              start_step, last_good, world_size, is_main)
-    except BaseException:
-        log.roll_back()  # metrics.jsonl never gets ahead of the last checkpoint
-        raise
-    finally:
-        bar.close()
-    return log.history
+    run = Run(cfg=cfg, device=device, amp_dtype=amp_dtype, model=model, train_model=maybe_compile(model, cfg.compile),
+              params=list(model.parameters()), optimizer=optimizer, scaler=scaler, stream=stream,
+              val_loader=val_loader, ckpt=ckpt, log=MetricsLog(metrics_path, history, fresh=not resume), bar=bar,
+              world_size=world_size, is_main=is_main, last_good=start_step if resume else None)
+    return run, start_step
 
 
-def _last_good_sentence(ckpt: Path | None, step: int | None) -> str:
-    if ckpt is None:
-        return "No checkpoint is written in this run (ckpt_path=None)."
-    if step is None:
-        return f"No checkpoint had been written yet ({ckpt} was not created)."
-    return f"The last good checkpoint, step {step}, is unchanged in {ckpt}; nothing after the divergence was saved."
-
-
-def _loop(model: nn.Module, train_model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-          stream: BatchStream, val_loader: Iterable[Sequence[torch.Tensor]], cfg: TrainConfig, device: torch.device,
-          amp_dtype: torch.dtype | None, ckpt: Path | None, log: MetricsLog, bar: tqdm, start_step: int,
-          last_good: dict[str, int | None], world_size: int, is_main: bool) -> None:
-    """The steps themselves (see the module docstring)."""
-    guard = {"cfg": cfg, "scaler_enabled": scaler.is_enabled()}
-    model.train()
-    window_loss = torch.zeros((), device=device)  # loss SUM since the last log line, kept on the device
-    window_count = torch.zeros((), device=device, dtype=torch.long)  # targets since the last log line
-    window_examples, window_start = 0, time.perf_counter()
-    grad_norm = torch.zeros((), device=device)
+def training_steps(run: Run, start_step: int) -> None:
+    """Steps ``start_step .. cfg.steps - 1``: the loop itself (see the module docstring)."""
+    cfg = run.cfg
+    run.model.train()
+    window = LogWindow()
     for step in range(start_step, cfg.steps):
-        lr = lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-
-        micro_batches = stream.next_group(cfg.accum)
-        loss_sum, count = backward_group(
-            train_model, micro_batches, device, amp_dtype=amp_dtype, scaler=scaler, world_size=world_size
-        )
-        scaler.unscale_(optimizer)  # true gradients from here on (no-op without fp16)
-        # Measured after unscaling and before clipping; max_norm=inf still measures when clipping is off.
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip or math.inf)
-        scaler.step(optimizer)  # skipped by the scaler if fp16 gradients overflowed
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)  # frees the gradient memory until the next backward
-
-        window_loss += loss_sum
-        window_count += count
-        window_examples += sum(len(b[0]) for b in micro_batches) * world_size
+        lr = set_lr(run.optimizer, step, cfg)
+        micro_batches = run.stream.next_group(cfg.accum)
+        loss_sum, count = backward_group(run.train_model, micro_batches, run.device, amp_dtype=run.amp_dtype,
+                                         scaler=run.scaler, world_size=run.world_size)
+        grad_norm = optimizer_step(run.optimizer, run.scaler, run.params, cfg.clip)
+        window.add(loss_sum, count, sum(len(b[0]) for b in micro_batches) * run.world_size)
         done = step + 1
-        bar.update(1)
+        run.bar.update(1)
         evaluate_now = done % cfg.eval_every == 0 or done == cfg.steps
         if done % cfg.log_every == 0 or evaluate_now:
-            # The only host sync of the step, once per log line. Windows close at every checkpoint, so a resumed
-            # run averages over exactly the same steps as an uninterrupted one.
-            elapsed = max(time.perf_counter() - window_start, 1e-9)
-            n_targets = int(window_count)
-            record = {
-                "step": done,
-                "loss": float(all_reduce_sum(window_loss.clone())) / max(n_targets, 1),
-                "lr": lr,
-                "grad_norm": float(grad_norm),
-                "examples_per_s": window_examples / elapsed,
-            }
-            if micro_batches[0][1].dim() > 1:  # text: targets per position, report tokens too
-                record["tokens_per_s"] = n_targets / elapsed
-            check_record(record, step=done, last_good=_last_good_sentence(ckpt, last_good["step"]), **guard)
-            log.append(record)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
-            window_loss.zero_()
-            window_count.zero_()
-            window_examples = 0
-
+            # Windows close at every checkpoint, so a resumed run averages over the same steps as an uninterrupted one.
+            log_train_line(run, window, done, lr, grad_norm, text=micro_batches[0][1].dim() > 1)
         if evaluate_now:
-            # evaluate() leaves the training RNG untouched: a resumed run draws the same numbers afterwards.
-            val = evaluate(unwrap(model), val_loader, device, amp_dtype)
-            record = {"step": done, "val_loss": val["loss"], "val_acc": val["acc"]}
-            check_record(record, step=done, last_good=_last_good_sentence(ckpt, last_good["step"]), **guard)
-            log.append(record)
-            if is_main:
-                bar.write(f"step {done}: val_loss {val['loss']:.4f}  val_acc {val['acc']:.3f}")
-            if ckpt is not None and is_main:
-                stream.warn_if_inexact()
-                try:
-                    save_checkpoint(
-                        ckpt, model=model, optimizer=optimizer, scaler=scaler, step=done, config=cfg,
-                        history=log.history, data_state=stream.state_dict(),
-                    )
-                except NonFiniteError as exc:  # weights poisoned by a non-finite gradient between two log lines
-                    raise NonFiniteError(
-                        divergence_message(step=done, what="model state", value=None, cfg=cfg, tensors=exc.tensors,
-                                           last_good=_last_good_sentence(ckpt, last_good["step"])),
-                        step=done, what="model state", value=None, tensors=exc.tensors) from None
-                last_good["step"] = done
-                log.committed()
-            window_start = time.perf_counter()  # throughput excludes evaluation and saving
+            evaluate_and_checkpoint(run, done)
+            window.restart()  # throughput excludes evaluation and saving
+
+
+def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> float:
+    """Write the schedule's rate for ``step`` into every parameter group (a pure function: nothing to save)."""
+    lr = lr_at(step, cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, params: list[nn.Parameter],
+                   clip: float | None) -> torch.Tensor:
+    """Unscale (fp16), measure and clip the gradient norm, step, zero the gradients; returns the norm (on device).
+
+    The norm is measured after unscaling and before clipping; ``max_norm=inf`` still measures when clipping is off.
+    """
+    if not scaler.is_enabled():  # fp32 and bf16: the plain step, no scaler calls at all
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip or math.inf)
+        optimizer.step()
+    else:
+        scaler.unscale_(optimizer)  # true gradients from here on
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip or math.inf)
+        scaler.step(optimizer)  # skipped by the scaler if fp16 gradients overflowed
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)  # frees the gradient memory until the next backward
+    return grad_norm
+
+
+def log_train_line(run: Run, window: LogWindow, done: int, lr: float, grad_norm: torch.Tensor, *, text: bool) -> None:
+    """Close the window into one train record: checked by the guard, logged, shown on the bar."""
+    loss_sum, targets, examples, seconds = window.close()
+    record = {
+        "step": done,
+        "loss": loss_sum / max(targets, 1),
+        "lr": lr,
+        "grad_norm": float(grad_norm),
+        "examples_per_s": examples / seconds,
+    }
+    if text:  # targets per position: report tokens too
+        record["tokens_per_s"] = targets / seconds
+    run.check(record, done)
+    run.log.append(record)
+    run.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
+
+
+def evaluate_and_checkpoint(run: Run, done: int) -> None:
+    """Evaluate on the validation data, log it, and (rank 0) write the checkpoint."""
+    # evaluate() leaves the training RNG untouched: a resumed run draws the same numbers afterwards.
+    val = evaluate(unwrap(run.model), run.val_loader, run.device, run.amp_dtype)
+    record = {"step": done, "val_loss": val["loss"], "val_acc": val["acc"]}
+    run.check(record, done)
+    run.log.append(record)
+    if run.is_main:
+        run.bar.write(f"step {done}: val_loss {val['loss']:.4f}  val_acc {val['acc']:.3f}")
+    if run.ckpt is None or not run.is_main:
+        return
+    run.stream.warn_if_inexact()
+    try:
+        save_checkpoint(run.ckpt, model=run.model, optimizer=run.optimizer, scaler=run.scaler, step=done,
+                        config=run.cfg, history=run.log.history, data_state=run.stream.state_dict())
+    except NonFiniteError as exc:  # weights poisoned by a non-finite gradient between two log lines
+        what = "model state"
+        message = divergence_message(step=done, what=what, value=None, cfg=run.cfg, tensors=exc.tensors,
+                                     last_good=run.last_good_sentence())
+        raise NonFiniteError(message, step=done, what=what, value=None, tensors=exc.tensors) from None
+    run.last_good = done
+    run.log.committed()
