@@ -35,7 +35,13 @@ from torch import nn
 
 from course_lib.device import autocast
 from course_lib.distributed import all_reduce_sum, no_sync_if
-from course_lib.train.loss import real_targets, summed_cross_entropy
+from course_lib.train.loss import (
+    IGNORE_INDEX,
+    cross_entropy_sum,
+    mean_cross_entropy,
+    real_targets,
+    summed_cross_entropy,
+)
 
 Batch = Sequence[torch.Tensor]
 T = TypeVar("T")
@@ -43,12 +49,17 @@ T = TypeVar("T")
 
 def move_batch(batch: Batch, device: torch.device | str) -> tuple[torch.Tensor, ...]:
     """Move every tensor of ``(x, y)`` / ``(x, y, lengths)`` to ``device`` (asynchronously from pinned memory)."""
-    return tuple(t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t for t in batch)
+    return tuple(t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) and t.device != device else t
+                 for t in batch)
 
 
-def count_targets(batch: Batch) -> torch.Tensor:
-    """Number of real targets (not ``-100``) in ``batch``, as a 0-d tensor on the targets' device (no sync)."""
-    return real_targets(batch[1]).sum()
+def count_targets(batch: Batch) -> torch.Tensor | int:
+    """Number of real targets (not ``-100``) in ``batch``: a 0-d tensor on the targets' device (no sync), or a plain
+    ``int`` for targets in CPU memory (counted by numpy: no tensor operations on the training loop's hot path)."""
+    targets = batch[1]
+    if targets.device.type == "cpu" and not targets.requires_grad:
+        return int((targets.numpy() != IGNORE_INDEX).sum())
+    return real_targets(targets).sum()
 
 
 def loss_and_count(model: nn.Module, batch: Batch, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,34 +105,45 @@ def backward_group(
 
     Does not step and does not zero the gradients (the caller does both at the group boundary).
     Returns ``(loss sum over this rank's micro-batches (detached tensor), group target count over all ranks)``;
-    the count is an ``int`` when the targets were on the CPU, else a 0-d device tensor (no sync either way).
+    the count is a 0-d tensor, or an ``int`` when several micro-batches' targets were counted on the CPU (no sync
+    either way).
     """
     device = torch.device(device)
+    if len(micro_batches) == 1 and world_size == 1:
+        # No accumulation, one process (the common case): one count, one division, nothing else on the hot path.
+        # The mean over the real targets is the sum divided by their count, computed by cross_entropy itself.
+        x, y = move_batch(micro_batches[0][:2], device)
+        with autocast(device, amp_dtype):
+            loss = mean_cross_entropy(model(x), y)
+        (scaler.scale(loss) if scaler is not None and scaler.is_enabled() else loss).backward()
+        count = count_targets((x, y))
+        return loss.detach() * count, count
     # 1. Count first: every micro-batch is divided by the count of the WHOLE group. Targets still on the CPU are
     #    counted there (a plain int: no GPU round trip); targets already on the device stay a device tensor.
     counts = [count_targets(b) for b in micro_batches]
-    if all(c.device.type == "cpu" for c in counts):
-        total: torch.Tensor | int = int(sum(int(c) for c in counts))
+    if all(isinstance(c, int) for c in counts):
+        total: torch.Tensor | int = sum(counts)
     else:
-        total = torch.stack([c.to(device) for c in counts]).sum()
+        total = torch.stack([torch.as_tensor(c, device=device) for c in counts]).sum()
     if world_size > 1:
         total = all_reduce_sum(torch.as_tensor(total, device=device))  # every rank divides by the global count
     # x world_size because DDP *averages* gradients over ranks; clamp: a group of pure padding adds nothing.
     denominator = (total.clamp_min(1).float() if isinstance(total, torch.Tensor) else float(max(total, 1))) / world_size
     # no_sync must reach the DDP wrapper even when torch.compile wrapped it.
     ddp_model = getattr(model, "_orig_mod", model)
-    loss_sum = torch.zeros((), device=device)
+    losses = []
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         # 2. Only the last backward of the group all-reduces gradients (no-op without DDP).
         sync = no_sync_if(ddp_model, not last) if world_size > 1 else contextlib.nullcontext()
         with sync:
+            x, y = move_batch(batch[:2], device)
             with autocast(device, amp_dtype):
-                batch_loss, _ = loss_and_count(model, batch, device)
+                batch_loss = cross_entropy_sum(model(x), y)  # the group's count is known: no second count
             loss = batch_loss / denominator
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-        loss_sum += batch_loss.detach()
-    return loss_sum, total
+            (scaler.scale(loss) if scaler is not None and scaler.is_enabled() else loss).backward()
+        losses.append(batch_loss.detach())
+    return torch.stack(losses).sum(), total
 
 
 def train_accumulated(

@@ -18,7 +18,14 @@ from course_lib.data.text import IGNORE_INDEX
 
 def flatten_predictions(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``([N, classes], [N])``: a language model's ``[B, T, V]`` / ``[B, T]`` flattened; image batches unchanged."""
+    if logits.dim() == 2:
+        return logits, targets  # already flat: no reshape on the training loop's hot path
     return logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+
+
+def _fp32(logits: torch.Tensor) -> torch.Tensor:
+    """The loss is computed in fp32 even under autocast (a no-op, and no dispatch, for fp32 logits)."""
+    return logits if logits.dtype == torch.float32 else logits.float()
 
 
 def real_targets(targets: torch.Tensor) -> torch.Tensor:
@@ -26,17 +33,22 @@ def real_targets(targets: torch.Tensor) -> torch.Tensor:
     return targets != IGNORE_INDEX
 
 
+def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum of the per-target cross-entropy over the real targets, in fp32 (a 0-d tensor on the device)."""
+    logits, targets = flatten_predictions(logits, targets)
+    return F.cross_entropy(_fp32(logits), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
 def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum of per-target cross-entropy in fp32, number of real targets)``, both 0-d tensors on the device."""
-    logits, targets = flatten_predictions(logits, targets)
-    loss_sum = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
-    return loss_sum, real_targets(targets).sum()
+    return cross_entropy_sum(logits, targets), real_targets(targets).sum()
 
 
 def mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the real targets of one batch (what a plain training step minimises)."""
     logits, targets = flatten_predictions(logits, targets)
-    return F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(_fp32(logits), targets, ignore_index=IGNORE_INDEX)
 
 
-__all__ = ["IGNORE_INDEX", "flatten_predictions", "real_targets", "summed_cross_entropy", "mean_cross_entropy"]
+__all__ = ["IGNORE_INDEX", "flatten_predictions", "real_targets", "cross_entropy_sum", "summed_cross_entropy",
+           "mean_cross_entropy"]
