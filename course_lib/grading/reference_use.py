@@ -27,6 +27,8 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "10": ("course_lib.perf.memory.stored_bytes", "course_lib.perf.memory.count_parameters",
            "course_lib.perf.timing.measure_latency"),
     "11": ("course_lib.distributed.scaled_lr",),
+    "15": ("course_lib.perf.checkpointing.count_saved_bytes", "course_lib.perf.checkpointing.checkpointed_forward"),
+    "16": ("course_lib.perf.memory_format.to_channels_last", "course_lib.perf.threads.intra_op_threads"),
 }
 
 
