@@ -38,7 +38,8 @@ def layout_of(t: torch.Tensor) -> str:
     """
     nchw = t.is_contiguous()
     nhwc = t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
-    return {(True, True): "both", (True, False): "contiguous", (False, True): "channels_last"}.get((nchw, nhwc), "other")
+    names = {(True, True): "both", (True, False): "contiguous", (False, True): "channels_last"}
+    return names.get((nchw, nhwc), "other")
 
 
 def conv_weights_layouts(model: nn.Module) -> dict[str, str]:
