@@ -157,8 +157,7 @@ def test_prefetcher_refuses_cuda_without_cuda():
         Prefetcher([], "cuda")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu  # skipped without CUDA (tests/conftest.py); `make gpu-check` runs it
 def test_prefetcher_side_stream_on_cuda():
     data = torch.utils.data.TensorDataset(torch.randn(12, 3), torch.arange(12))
     loader = torch.utils.data.DataLoader(data, batch_size=5, pin_memory=True)
