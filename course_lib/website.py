@@ -1,4 +1,4 @@
-"""The course as a static website: the twelve lessons with their outputs, the README as home page, the guides.
+"""The course as a static website: the lessons with their outputs, the README as home page, the guides.
 
 ``python -m course_lib.website`` (or ``make site``) works in three steps, each in its own folder:
 

@@ -37,8 +37,8 @@ def test_lesson_runs(lesson):
     assert (FOLDERS.executed / lesson.name).is_file()
 
 
-def test_there_are_twelve_lessons_in_course_order():
-    assert [p.name[:2] for p in LESSONS] == [f"{n:02d}" for n in range(12)]
+def test_there_are_thirteen_lessons_in_course_order():
+    assert [p.name[:2] for p in LESSONS] == [f"{n:02d}" for n in range(13)]
 
 
 # --- the built site, as files -------------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ REFERENCES: dict[str, tuple[str, ...]] = {
            "course_lib.train.checkpoint.rng_state", "course_lib.train.checkpoint.set_rng_state",
            "course_lib.train.checkpoint.atomic_write", "course_lib.train.checkpoint.atomic_torch_save"),
     "17": ("course_lib.perf.challenge.train_reference",),
+    "15": ("course_lib.perf.checkpointing.count_saved_bytes", "course_lib.perf.checkpointing.checkpointed_forward"),
+    "16": ("course_lib.perf.memory_format.to_channels_last", "course_lib.perf.threads.intra_op_threads"),
 }
 
 

@@ -1,0 +1,132 @@
+"""Exercise 15 (activation checkpointing): realistic mistakes fail a named check, correct alternatives pass.
+
+Judged exactly as the grader judges (observe -> save -> load -> replay), see tests/test_grading_variants.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_grading_variants import judge
+
+# (what the mistake is, the code, a word from the name of the check that must fail)
+WRONG = [
+    ("use_reentrant=True: block 0's parameters get no gradient", """
+        def checkpointed_forward(blocks, x, which):
+            for i, block in enumerate(blocks):
+                x = checkpoint(block, x, use_reentrant=True) if i in set(which) else block(x)
+            return x
+        """, "same gradients"),
+    ("preserve_rng_state=False: other dropout masks in the recomputation", """
+        def checkpointed_forward(blocks, x, which):
+            for i, block in enumerate(blocks):
+                x = (checkpoint(block, x, use_reentrant=False, preserve_rng_state=False) if i in set(which)
+                     else block(x))
+            return x
+        """, "same gradients"),
+    ("chosen blocks run under torch.no_grad() instead of checkpoint", """
+        def checkpointed_forward(blocks, x, which):
+            for i, block in enumerate(blocks):
+                if i in set(which):
+                    with torch.no_grad():
+                        x = block(x)
+                else:
+                    x = block(x)
+            return x
+        """, "same gradients"),
+    ("nothing checkpointed", """
+        def checkpointed_forward(blocks, x, which):
+            for block in blocks:
+                x = block(x)
+            return x
+        """, "saves only"),
+    ("every block checkpointed, `which` ignored", """
+        def checkpointed_forward(blocks, x, which):
+            for block in blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+            return x
+        """, "saves only"),
+    ("a checkpointed block applied twice", """
+        def checkpointed_forward(blocks, x, which):
+            for i, block in enumerate(blocks):
+                if i in set(which):
+                    x = checkpoint(block, x, use_reentrant=False)
+                x = block(x)
+            return x
+        """, "same outputs"),
+    ("counter counts elements, not bytes", """
+        def count_saved_bytes(fn, exclude=()):
+            skip = {t.untyped_storage().data_ptr() for t in exclude}
+            sizes = {}
+            def pack(t):
+                if t.untyped_storage().data_ptr() not in skip:
+                    sizes[t.untyped_storage().data_ptr()] = t.numel()
+                return t
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                fn()
+            return sum(sizes.values())
+        """, "count_saved_bytes"),
+    ("counter counts a storage once per save", """
+        def count_saved_bytes(fn, exclude=()):
+            skip = {t.untyped_storage().data_ptr() for t in exclude}
+            total = 0
+            def pack(t):
+                nonlocal total
+                if t.untyped_storage().data_ptr() not in skip:
+                    total += t.untyped_storage().nbytes()
+                return t
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                fn()
+            return total
+        """, "count_saved_bytes"),
+    ("counter ignores `exclude` (counts the weights)", """
+        def count_saved_bytes(fn, exclude=()):
+            sizes = {}
+            def pack(t):
+                sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                return t
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                fn()
+            return sum(sizes.values())
+        """, "count_saved_bytes"),
+]
+
+RIGHT = [
+    ("functools.partial over a frozenset of indices", """
+        def checkpointed_forward(blocks, x, which):
+            chosen = frozenset(which)
+            for i, block in enumerate(blocks):
+                run = functools.partial(checkpoint, block, use_reentrant=False) if i in chosen else block
+                x = run(x)
+            return x
+        import functools
+        """),
+    ("counter keeping a list of (data_ptr, nbytes) pairs", """
+        def count_saved_bytes(fn, exclude=()):
+            skip = set(t.untyped_storage().data_ptr() for t in exclude)
+            seen = []
+            def pack(t):
+                s = t.untyped_storage()
+                if s.data_ptr() not in skip and s.data_ptr() not in [p for p, _ in seen]:
+                    seen.append((s.data_ptr(), s.nbytes()))
+                return t
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                fn()
+            return sum(n for _, n in seen)
+        """),
+]
+
+
+@pytest.mark.parametrize("mistake, code, check", WRONG, ids=[w[0] for w in WRONG])
+def test_wrong_variant_fails(mistake: str, code: str, check: str) -> None:
+    results = judge("15", code, only=check)
+    assert results, f"no check of exercise 15 is named like {check!r}"
+    failing = {name: r.message for name, r in results.items() if not r.passed}
+    assert any(check in name for name in failing), f"{mistake!r} should fail {check!r}; failing: {failing}"
+
+
+@pytest.mark.parametrize("difference, code", RIGHT, ids=[r[0] for r in RIGHT])
+def test_correct_alternative_passes(difference: str, code: str) -> None:
+    results = judge("15", code)
+    failing = {name: (r.message, r.hint, r.expected, r.got) for name, r in results.items() if not r.passed}
+    assert not failing, f"{difference!r} is correct but failed: {failing}"

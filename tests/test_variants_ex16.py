@@ -1,0 +1,88 @@
+"""Exercise 16 (channels_last, thread counts): realistic mistakes fail a named check, correct alternatives pass.
+
+Judged exactly as the grader judges (observe -> save -> load -> replay), see tests/test_grading_variants.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_grading_variants import judge
+
+# (what the mistake is, the code, a word from the name of the check that must fail)
+WRONG = [
+    ("only the batch converted", """
+        def to_channels_last(model, x):
+            return model, x.contiguous(memory_format=torch.channels_last)
+        """, "weights converted"),
+    ("only the model converted", """
+        def to_channels_last(model, x):
+            return model.to(memory_format=torch.channels_last), x
+        """, "batch converted"),
+    ("the batch permuted to [N, H, W, C]", """
+        def to_channels_last(model, x):
+            return model.to(memory_format=torch.channels_last), x.permute(0, 2, 3, 1).contiguous()
+        """, "batch converted"),
+    ("the batch permuted to [N, H, W, C]: outputs", """
+        def to_channels_last(model, x):
+            return model.to(memory_format=torch.channels_last), x.permute(0, 2, 3, 1).contiguous()
+        """, "outputs unchanged"),
+    ("plain .contiguous() (already NCHW: nothing changes)", """
+        def to_channels_last(model, x):
+            return model.to(memory_format=torch.channels_last), x.contiguous()
+        """, "batch converted"),
+    ("workers ignored", """
+        def intra_op_threads(cores, workers=0, busy=0):
+            return max(1, cores - busy)
+        """, "leave"),
+    ("this machine's os.cpu_count() instead of `cores`", """
+        import os
+        def intra_op_threads(cores, workers=0, busy=0):
+            return max(1, os.cpu_count() - workers - busy)
+        """, "leave"),
+    ("half the cores, always", """
+        def intra_op_threads(cores, workers=0, busy=0):
+            return max(1, cores // 2)
+        """, "leave"),
+    ("no floor: zero or negative threads when the cores are taken", """
+        def intra_op_threads(cores, workers=0, busy=0):
+            return cores - workers - busy
+        """, "fewer than one"),
+]
+
+RIGHT = [
+    ("x.to(memory_format=...) and a permute round trip", """
+        def to_channels_last(model, x):
+            model = model.to(memory_format=torch.channels_last)
+            return model, x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        """),
+    ("each conv weight converted by hand", """
+        def to_channels_last(model, x):
+            for module in model.modules():
+                if isinstance(module, nn.Conv2d):
+                    module.weight.data = module.weight.data.contiguous(memory_format=torch.channels_last)
+            return model, x.to(memory_format=torch.channels_last)
+        """),
+    ("threads written with if/else", """
+        def intra_op_threads(cores, workers=0, busy=0):
+            left = cores - workers - busy
+            if left < 1:
+                return 1
+            return left
+        """),
+]
+
+
+@pytest.mark.parametrize("mistake, code, check", WRONG, ids=[w[0] for w in WRONG])
+def test_wrong_variant_fails(mistake: str, code: str, check: str) -> None:
+    results = judge("16", code, only=check)
+    assert results, f"no check of exercise 16 is named like {check!r}"
+    failing = {name: r.message for name, r in results.items() if not r.passed}
+    assert any(check in name for name in failing), f"{mistake!r} should fail {check!r}; failing: {failing}"
+
+
+@pytest.mark.parametrize("difference, code", RIGHT, ids=[r[0] for r in RIGHT])
+def test_correct_alternative_passes(difference: str, code: str) -> None:
+    results = judge("16", code)
+    failing = {name: (r.message, r.hint, r.expected, r.got) for name, r in results.items() if not r.passed}
+    assert not failing, f"{difference!r} is correct but failed: {failing}"
