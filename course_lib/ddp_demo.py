@@ -69,7 +69,10 @@ class DemoMLP(nn.Module):
 
 
 def make_dataset(n: int = 256, seed: int = 0) -> TensorDataset:
-    """A fixed synthetic classification set (same on every rank: built from a seed, not shared memory)."""
+    """A fixed synthetic classification set (same on every rank: built from a seed, not shared memory).
+
+    Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
+    """
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, IN_FEATURES, generator=g)
     y = (x[:, :CLASSES] * 2).argmax(dim=1)
@@ -105,13 +108,19 @@ def make_recording_dataset(n: int = 48, seed: int = 0) -> RecordingDataset:
 
 
 def make_model(seed: int = 0, n_blocks: int = 1) -> DemoMLP:
-    """A :class:`DemoMLP` whose initial weights depend on ``seed`` only (the same on every rank)."""
+    """A :class:`DemoMLP` whose initial weights depend on ``seed`` only (the same on every rank).
+
+    Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
+    """
     torch.manual_seed(seed)
     return DemoMLP(n_blocks)
 
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:
-    """Every parameter of ``model`` (a DDP wrapper is looked through) as one detached CPU vector."""
+    """Every parameter of ``model`` (a DDP wrapper is looked through) as one detached CPU vector.
+
+    Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
+    """
     return torch.cat([p.detach().reshape(-1).float().cpu() for p in dist.unwrap(model).parameters()])
 
 
@@ -136,6 +145,8 @@ def global_batches(reads: Sequence[Sequence[int]], group: int) -> list[list[int]
     ``group`` is the samples one rank contributes to a step (micro-batch size x accumulation steps); the global
     batch of step k is every rank's k-th group, together. Raises ``ValueError`` when the ranks read different
     numbers of samples or not whole groups (then no single-process run matches).
+
+    Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
     """
     lengths = {len(r) for r in reads}
     if len(lengths) != 1 or next(iter(lengths)) % group:
@@ -150,6 +161,8 @@ def one_process_reference(model: nn.Module, dataset: Dataset, global_batches: Se
 
     The loss of each step is the mean over the whole global batch: what N ranks of DDP compute together when each
     averages its micro-batches (``loss / accum``) and DDP averages over the ranks. Returns ``model``, trained.
+
+    Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
     """
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     for indices in global_batches:

@@ -23,6 +23,8 @@ def pick_device(preference: str = "auto") -> torch.device:
     (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``). Asking for an accelerator that
     is not there is an error, not a silent fallback: a learner must know where the
     numbers came from.
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     if preference == "auto":
         if torch.cuda.is_available():
@@ -46,7 +48,10 @@ def pick_device(preference: str = "auto") -> torch.device:
 
 
 def supports_bf16(device: torch.device | str) -> bool:
-    """Whether autocast to bfloat16 is supported (and sensible) on ``device``."""
+    """Whether autocast to bfloat16 is supported (and sensible) on ``device``.
+
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
+    """
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
@@ -94,7 +99,10 @@ def autocast(device: torch.device | str, dtype: torch.dtype | None) -> contextli
 
 
 def synchronize(device: torch.device | str) -> None:
-    """Wait for queued device work to finish (timings are wrong without it on GPUs)."""
+    """Wait for queued device work to finish (timings are wrong without it on GPUs).
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
+    """
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

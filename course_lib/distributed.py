@@ -122,6 +122,8 @@ def setup(backend: str | None = None, device: str | torch.device = "auto") -> Di
     * Launched by torchrun: ``backend`` defaults to ``"nccl"`` on CUDA (GPU-to-GPU collectives over
       NVLink/InfiniBand) and ``"gloo"`` on the CPU; on CUDA the process binds to ``cuda:LOCAL_RANK`` *before*
       initialising, so NCCL never puts two ranks on GPU 0. Calling ``setup()`` twice is harmless.
+
+    Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
     """
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; use 'nccl' (CUDA), 'gloo' (CPU) or None (automatic).")
@@ -394,6 +396,8 @@ def scaled_lr(base_lr: float, base_batch: int, global_batch: int, rule: str = "l
 
     Either way it is a starting point for tuning, not a law: past the "critical batch size" a larger batch no
     longer buys fewer steps.
+
+    Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
     """
     if rule not in LR_RULES:
         raise ValueError(f"rule={rule!r} is not one of {LR_RULES}; use 'linear' (SGD) or 'sqrt' (Adam).")

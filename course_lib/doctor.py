@@ -174,7 +174,10 @@ def _check_notebook_tools() -> list[Check]:
 
 
 def doctor(quick: bool = False, show: bool = True, compile_timeout_s: float = 180.0) -> list[Check]:
-    """Run every check and (with ``show``) print the table; returns the list of :class:`Check`."""
+    """Run every check and (with ``show``) print the table; returns the list of :class:`Check`.
+
+    Taught in lesson 00 (``notebooks/00_welcome.ipynb``).
+    """
     checks = [_check_python(), *_check_torch(), *_check_devices(), _check_compile(quick, compile_timeout_s),
               *_check_workers(), *_check_data(), *_check_notebook_tools()]
     if show:

@@ -414,6 +414,8 @@ def loader_playground(dataset: Dataset | None = None, **kwargs: Any) -> LoaderPl
 
     ``dataset`` defaults to the generated shapes' training split. Keyword arguments go to
     :class:`LoaderPlayground` (``device``, ``n_batches``, ``max_n_batches``).
+
+    Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
     """
     return LoaderPlayground(dataset, **kwargs)
 

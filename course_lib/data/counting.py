@@ -16,6 +16,8 @@ class CountingDataset(Dataset):
     With ``num_workers=0`` the count grows in the notebook's process. With worker processes each worker
     increments *its own copy* of the object (it was pickled or forked into the worker), so ``self.calls`` in the
     notebook stays 0: per-worker counters, logs and caches are never aggregated back for you.
+
+    Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
     """
 
     def __init__(self, dataset: Dataset) -> None:

@@ -16,7 +16,10 @@ class DatasetUnavailable(RuntimeError):
 
 
 class LoaderConfigError(ValueError):
-    """An argument of :func:`course_lib.data.make_loader` is invalid (the message names the argument)."""
+    """An argument of :func:`course_lib.data.make_loader` is invalid (the message names the argument).
+
+    Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
+    """
 
 
 class DataError(ValueError):

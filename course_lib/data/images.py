@@ -58,6 +58,8 @@ def load_image_datasets(
     overrides the data folder. ``"shapes"`` is generated on first use (tqdm bar); ``"cifar10"`` raises
     :class:`DatasetUnavailable` with instructions when it is not on disk and cannot be downloaded
     (``download=False``: never try; ``None``: as ``COURSE_ALLOW_DOWNLOAD`` says).
+
+    Taught in lesson 00 (``notebooks/00_welcome.ipynb``).
     """
     if size is not None and (not isinstance(size, int) or size < 8):
         raise ValueError(f"load_image_datasets: size={size!r} must be an int >= 8 (side length in pixels).")

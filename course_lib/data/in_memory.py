@@ -66,7 +66,10 @@ class ImageTensors:
 
 def load_image_tensors(name: str = "shapes", *, root: str | Path | None = None, size: int | None = None,
                        progress: bool = True) -> ImageTensors:
-    """``name``'s train and val splits as uint8 tensors, cached as ``tensors-<size>px.pt`` next to the data."""
+    """``name``'s train and val splits as uint8 tensors, cached as ``tensors-<size>px.pt`` next to the data.
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
+    """
     from course_lib.data.images import load_image_datasets  # local: images imports nothing from here
 
     data = load_image_datasets(name, root=root, augment=False, size=size)
@@ -95,6 +98,8 @@ class DeviceBatcher:
     reproducible. Call :meth:`set_epoch` before each epoch, as with a distributed sampler.
     ``mean``/``std`` default to the per-channel statistics of ``images_uint8`` itself. ``shuffle=False`` and
     ``augment=False`` give a stable validation pass.
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
 
     def __init__(

@@ -88,6 +88,8 @@ def make_loader(
     ``accepts_aug_seed = True``. ``train=False``: stable order, no repeated samples. ``rank``/``world_size``
     shard the data across distributed processes. ``multiprocessing_context`` (e.g. ``"spawn"``) picks how worker
     processes start. ``pin_memory=True`` without CUDA warns once and does not pin (see the module docstring).
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     _check_arguments(
         batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,

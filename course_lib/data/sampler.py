@@ -52,6 +52,8 @@ class ResumableSampler(Sampler):
     ``rank``/``world_size``: which shard this process reads. ``drop_last``: cut the order to a multiple of
     ``world_size`` instead of padding it. ``yield_seeds``: yield ``(index, aug_seed)`` instead of ``index``.
     ``pad``: set False to shard without repeating samples (uneven shards; for evaluation).
+
+    Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
     """
 
     def __init__(

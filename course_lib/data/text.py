@@ -34,6 +34,8 @@ def pad_collate(batch: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tens
     such length in the batch; ``x`` is padded with ``0`` (any valid id: those positions are never scored) and
     ``y`` with ``-100`` so ``cross_entropy(..., ignore_index=-100)`` and every sample/token count skip padding.
     Module scope, so DataLoader workers can unpickle it under ``spawn``.
+
+    Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
     """
     if len(batch) == 0:
         raise ValueError("pad_collate: got an empty batch.")
@@ -105,6 +107,8 @@ def load_text_datasets(*, block_size: int | None = None, root: str | Path | None
 
     ``block_size`` (default 256) is the longest input ``x`` a sample yields; the vocabulary is every character
     of the corpus plus the newline, sorted, so ids are stable.
+
+    Taught in lesson 00 (``notebooks/00_welcome.ipynb``).
     """
     if block_size is None:
         block_size = DEFAULT_BLOCK_SIZE

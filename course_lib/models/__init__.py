@@ -41,6 +41,8 @@ def build_model(
     * ``"net"``: ``Net(d_in=in_channels*H*W, d=128, n_blocks=2, n_out=num_classes)`` on flattened images;
       needs ``image_size``; ``kwargs`` (``d``, ``n_blocks``, ``p``, ``in_channels``) override the sizes.
     * ``"gpt"``: ``TinyGPT(GPTConfig(vocab_size=vocab_size, **kwargs))``.
+
+    Taught in lesson 08 (``notebooks/08_latency_memory.ipynb``).
     """
     if name == "cnn":
         _need(name, "num_classes", num_classes)

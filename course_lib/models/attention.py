@@ -25,6 +25,8 @@ def manual_attention(
 
     ``scale`` defaults to ``1/sqrt(head_dim)`` like ``F.scaled_dot_product_attention``; ``is_causal`` lets
     position ``t`` attend to positions ``<= t`` only (the upper triangle is set to ``-inf`` before the softmax).
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
     """
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"attention shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}.")

@@ -24,6 +24,8 @@ class Block(nn.Module):
     Args:
         d: feature width (input and output).
         p: dropout probability on the residual branch (0 disables it).
+
+    Taught in lesson 03 (``notebooks/03_modules.ipynb``).
     """
 
     def __init__(self, d: int, p: float = 0.1) -> None:
@@ -53,6 +55,8 @@ class Net(nn.Module):
         n_blocks: how many ``Block`` modules to stack.
         n_out: number of outputs (classes).
         p: dropout probability inside each block.
+
+    Taught in lesson 03 (``notebooks/03_modules.ipynb``).
     """
 
     def __init__(self, d_in: int, d: int, n_blocks: int, n_out: int, p: float = 0.1) -> None:

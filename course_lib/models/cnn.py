@@ -32,6 +32,8 @@ class SmallCNN(nn.Module):
         num_classes: number of output classes.
         in_channels: 3 for RGB.
         width: channels of the first stage; the later stages use ``2*width`` and ``4*width``.
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 32) -> None:

@@ -26,7 +26,10 @@ __all__ = ["checkpointed_forward", "count_saved_bytes", "block_stack"]
 
 
 def block_stack(n_blocks: int, d: int, p: float = 0.1, seed: int = 0) -> nn.ModuleList:
-    """``n_blocks`` residual :class:`~course_lib.models.blocks.Block` modules of width ``d``, seeded."""
+    """``n_blocks`` residual :class:`~course_lib.models.blocks.Block` modules of width ``d``, seeded.
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
+    """
     if n_blocks < 1 or d < 1:
         raise ValueError(f"block_stack: n_blocks={n_blocks!r} and d={d!r} must be >= 1.")
     torch.manual_seed(seed)
@@ -39,6 +42,8 @@ def checkpointed_forward(blocks: Iterable[nn.Module], x: torch.Tensor, which: It
     ``use_reentrant=False`` is the variant PyTorch recommends: gradients reach the block's parameters even when
     its input does not require grad, and ``preserve_rng_state`` (the default) replays the same dropout masks in the
     recomputation, so outputs and gradients equal the plain model's exactly.
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
     """
     chosen = set(which)
     for i, block in enumerate(blocks):
@@ -53,6 +58,8 @@ def count_saved_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] 
     saved by several operations (a block's input, read by two of them) is counted once. Inside a checkpointed
     block the checkpoint installs its own hooks, so only what it keeps (the block's input) is seen here -- which is
     exactly the memory that stays alive until backward.
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
     """
     skip = {t.untyped_storage().data_ptr() for t in exclude}
     seen: dict[int, int] = {}

@@ -63,7 +63,10 @@ _clock: Callable[[], float] = time.perf_counter
 # Results
 # --------------------------------------------------------------------------------------------------------
 def format_seconds(seconds: float) -> str:
-    """``0.000123`` -> ``"123 µs"``: three significant digits in the unit that suits the size."""
+    """``0.000123`` -> ``"123 µs"``: three significant digits in the unit that suits the size.
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
+    """
     if not math.isfinite(seconds):
         return str(seconds)
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
@@ -85,7 +88,10 @@ def _fmt_ratio(value: float) -> str:
 
 @dataclass(frozen=True)
 class Measurement:
-    """One contender's timed rounds: ``seconds[i]`` is the time of one call in round ``i``."""
+    """One contender's timed rounds: ``seconds[i]`` is the time of one call in round ``i``.
+
+    Taught in lesson 10 (``notebooks/10_lightning.ipynb``).
+    """
 
     name: str
     seconds: tuple[float, ...]
@@ -228,6 +234,8 @@ def verdict_from_times(
     """Judge ``a`` against ``b`` from their paired rounds (round ``i`` of each ran back to back).
 
     ``band``: differences smaller than this fraction are too close to call whatever the rounds say.
+
+    Taught in lesson 10 (``notebooks/10_lightning.ipynb``).
     """
     if len(a.seconds) != len(b.seconds) or not a.seconds:
         raise ValueError(
@@ -320,6 +328,8 @@ def compare(
     ``min_round_s``: calls are repeated within a round until it lasts about this long (calibrated in warm-up).
     ``budget_s``: stop after the round that would exceed it (never before ``min_rounds``).
     ``threads``: intra-op threads during the measurement (default :func:`course_threads`); restored afterwards.
+
+    Taught in lesson 00 (``notebooks/00_welcome.ipynb``).
     """
     names = list(contenders)
     if len(names) < 2:

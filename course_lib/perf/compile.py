@@ -54,6 +54,8 @@ def warm_compile(model: torch.nn.Module, example: Any) -> tuple[torch.nn.Module,
 
     On failure the *original* eager module is returned with the error as the reason (printed), so a notebook keeps
     running on any machine.
+
+    Taught in lesson 11 (``notebooks/11_capstone.ipynb``).
     """
     t0 = time.perf_counter()
     try:
@@ -92,6 +94,8 @@ def measure_compile(
     protocol (:func:`course_lib.perf.compare.compare`): ``warmup`` steps each, then ``steps`` interleaved rounds
     (stopping early at ``budget_s``). The result holds the medians, ``comparison`` and ``verdict``
     (compiled vs eager: ``"faster"`` means compiled was faster).
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     from course_lib.perf.compare import compare
 
@@ -190,6 +194,8 @@ def demonstrate_recompile(
 
     Rows: variant, call, batch_size, seconds (the stall shows as a spike), compiles so far, recompiled (bool).
     ``backend="eager"`` isolates Dynamo's tracing and is fast; ``"inductor"`` shows the full, much longer stall.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     settings = {"static": False, "automatic": None, "dynamic": True, "padded": False}
     unknown = [v for v in variants if v not in settings]
@@ -217,7 +223,10 @@ def demonstrate_recompile(
 
 
 def tf32_status() -> dict[str, Any]:
-    """Whether TF32 can be used here and whether it is on (matmul and cuDNN flags, float32 matmul precision)."""
+    """Whether TF32 can be used here and whether it is on (matmul and cuDNN flags, float32 matmul precision).
+
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
+    """
     available = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
     return {
         "available": available,
@@ -238,6 +247,8 @@ def enable_tf32() -> str:
     Equivalent to ``torch.set_float32_matmul_precision("high")`` plus ``torch.backends.cudnn.allow_tf32 = True``.
     Separate from autocast: TF32 keeps tensors in fp32 and only changes how matmuls compute them. On a CPU (or a
     GPU older than Ampere) this is a no-op, and says so.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     status = tf32_status()
     if not status["available"]:

@@ -44,6 +44,8 @@ class PointwiseChain(torch.nn.Module):
 
     Each step is cheap arithmetic; in eager each one still reads and writes a whole ``(N, C)`` tensor. Thirteen
     ATen operations per call (see :func:`eager_ops`); Inductor turns them into one or two loops.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
 
     def __init__(self, channels: int, eps: float = 1e-6) -> None:
@@ -79,6 +81,8 @@ def eager_ops(fn: Callable[..., Any], *args: Any) -> list[str]:
     """The ATen operations (``"aten.add"``, ...) one eager call of ``fn(*args)`` runs, in order, without autograd.
 
     Each is a separate kernel on a CPU: one pass over its inputs, one freshly written output.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     recorder = _OpRecorder()
     with torch.no_grad(), recorder:
@@ -133,6 +137,8 @@ def compile_and_capture(fn: Callable[..., Any], *args: Any, backend: str = "indu
     (much shorter on a second run: Inductor caches generated code on disk). Dynamo's graph-break warnings are
     silenced (:func:`graph_report` lists the breaks). With Inductor the generated Python
     modules are returned as text (``torch._inductor.utils.run_and_get_code``); other backends generate nothing.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     compiled = torch.compile(fn, backend=backend)
     start = time.perf_counter()
@@ -184,6 +190,8 @@ def graph_report(fn: Callable[..., Any], *args: Any) -> GraphReport:
     """``torch._dynamo.explain(fn)(*args)`` in short, starting from (and leaving) an empty Dynamo cache.
 
     ``explain`` traces with Dynamo only (nothing is code-generated), so it takes about a second even for a model.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     torch._dynamo.reset()
     try:
@@ -202,6 +210,8 @@ def clipped_gelu_residual(x: torch.Tensor, bias: torch.Tensor, limit: float = 4.
     Written the natural eager way, with a graph break: ``.item()`` turns a tensor into a Python float, which
     Dynamo cannot keep in a graph, and the ``if`` on it decides in Python which code runs next. Dynamo compiles
     the code before the break and the code after it as separate graphs, with Python in between.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     h = F.gelu(x + bias, approximate="tanh")
     peak = h.abs().max().item()
@@ -215,6 +225,8 @@ def clipped_gelu_residual_fixed(x: torch.Tensor, bias: torch.Tensor, limit: floa
 
     ``clamp(limit / peak, max=1)`` is ``limit / peak`` when the peak is over the limit and 1 otherwise: the branch
     became arithmetic, so there is nothing for Python to decide and nothing to break on.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     h = F.gelu(x + bias, approximate="tanh")
     peak = h.abs().amax()
@@ -228,6 +240,8 @@ def break_even_calls(first_call_s: float, eager_s: float, compiled_s: float) -> 
     smallest whole ``n >= 1`` with ``first_call_s + (n - 1) * compiled_s <= n * eager_s`` is
     ``ceil((first_call_s - compiled_s) / (eager_s - compiled_s))``. When the compiled call is not faster
     (``compiled_s >= eager_s``) the cold start is never recovered: ``None``.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     for name, value in (("first_call_s", first_call_s), ("eager_s", eager_s), ("compiled_s", compiled_s)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):

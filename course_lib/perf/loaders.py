@@ -40,7 +40,10 @@ CONFIG_KEYS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "pe
 
 
 def usable_cores() -> int:
-    """CPU cores this process may run on (respects taskset/cgroup affinity where the OS reports it)."""
+    """CPU cores this process may run on (respects taskset/cgroup affinity where the OS reports it).
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
+    """
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -200,6 +203,8 @@ def experiment_order(batch_size: int = 64, max_workers: int | None = None) -> li
     ``max_workers`` defaults to the usable core count. Worker counts are 1, 2, 4, ... up to it (and it itself);
     later steps keep ``min(2, max_workers)`` workers -- one change at a time, against a fixed reference -- except
     that you would normally carry forward the best worker count you measured.
+
+    Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be an int >= 1.")
@@ -317,6 +322,8 @@ def compare_loaders(
     :func:`loader_sweep` gives them: the run with the median time, ``samples_per_s`` at the median time over the
     rounds, ``speedup`` over the first measured config, ``rounds``. Pinned-memory configs on a non-CUDA device are
     not measured (``skipped`` says why).
+
+    Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
     """
     if (n_batches is None) == (n_samples is None):
         raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")

@@ -28,6 +28,8 @@ def count_parameters(model: torch.nn.Module, trainable_only: bool = True) -> int
     """Number of parameter elements; frozen ones (``requires_grad=False``) too when ``trainable_only=False``.
 
     Parameters shared between modules (tied embeddings) are counted once: ``model.parameters()`` de-duplicates.
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
@@ -44,6 +46,8 @@ def stored_bytes(model: torch.nn.Module) -> int:
     * allocator overhead (the CUDA caching allocator rounds and keeps freed blocks; the CPU allocator fragments),
     * the size of a checkpoint file (which adds pickling metadata, may hold optimizer state, and may be compressed
       or stored at another dtype).
+
+    Taught in lesson 03 (``notebooks/03_modules.ipynb``).
     """
     seen: set[int] = set()
     total = 0
@@ -75,6 +79,8 @@ def training_memory_estimate(
     The lesson: mixed precision does **not** shrink the per-parameter state; what it shrinks is activation memory
     and time. ``optimizer`` is ``"adamw"``/``"adam"`` (two moments), ``"sgd_momentum"`` (one) or ``"sgd"`` (none).
     Activations, the CUDA context (several hundred MB) and allocator fragmentation come on top.
+
+    Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
     """
     if optimizer not in _OPTIMIZER_STATE_BYTES:
         raise ValueError(f"optimizer={optimizer!r} is not one of {sorted(_OPTIMIZER_STATE_BYTES)}.")
@@ -141,6 +147,8 @@ class PeakMemory:
       returned to the OS, shared libraries paged in -- and a spike shorter than the interval can be missed. Memory
       already held from an earlier run is reused without growing RSS, so a second identical run can show ~0.
       Use it to compare runs made the same way in a fresh process; it is **not comparable** with CUDA numbers.
+
+    Taught in lesson 08 (``notebooks/08_latency_memory.ipynb``).
     """
 
     device: torch.device | str = "cpu"

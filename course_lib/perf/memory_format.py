@@ -25,6 +25,8 @@ def to_channels_last(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torc
 
     ``x`` must be a 4-D image batch ``[N, C, H, W]``; its shape stays, its strides change. Never ``permute`` to
     ``[N, H, W, C]``: that is another shape, which a convolution would read as ``H`` channels.
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
     """
     if x.dim() != 4:
         raise ValueError(f"channels_last needs a 4-D batch [N, C, H, W]; got shape {tuple(x.shape)}.")
@@ -35,6 +37,8 @@ def layout_of(t: torch.Tensor) -> str:
     """How a tensor is laid out: ``"channels_last"`` (NHWC strides), ``"contiguous"`` (NCHW), ``"both"``, ``"other"``.
 
     ``"both"``: a tensor so small in one dimension (one channel, or 1x1 pixels) that both layouts are the same bytes.
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
     """
     nchw = t.is_contiguous()
     nhwc = t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
@@ -43,5 +47,8 @@ def layout_of(t: torch.Tensor) -> str:
 
 
 def conv_weights_layouts(model: nn.Module) -> dict[str, str]:
-    """``{name: layout}`` of every 4-D parameter (the convolution weights) of ``model``."""
+    """``{name: layout}`` of every 4-D parameter (the convolution weights) of ``model``.
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
+    """
     return {name: layout_of(p) for name, p in model.named_parameters() if p.dim() == 4}

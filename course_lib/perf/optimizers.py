@@ -28,14 +28,20 @@ ADAMW_IMPLEMENTATIONS: dict[str, dict[str, Any]] = {
 
 def many_small_params(n_layers: int = 48, width: int = 32, seed: int = 0) -> nn.Module:
     """A stack of ``n_layers`` small ``Linear + LayerNorm`` layers: four small tensors each, the optimizer's worst
-    case (its per-tensor overhead dominates the arithmetic)."""
+    case (its per-tensor overhead dominates the arithmetic).
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
+    """
     torch.manual_seed(seed)
     return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width)) for _ in range(n_layers)])
 
 
 def adamw_step(model: nn.Module, implementation: str, lr: float = 1e-3) -> Callable[[], None]:
     """A function doing one ``AdamW.step()`` with ``implementation`` (one of :data:`ADAMW_IMPLEMENTATIONS`) on
-    gradients set once (so only the optimizer is timed); the model's own copy of the weights is updated."""
+    gradients set once (so only the optimizer is timed); the model's own copy of the weights is updated.
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
+    """
     if implementation not in ADAMW_IMPLEMENTATIONS:
         raise ValueError(f"implementation={implementation!r} is not one of {list(ADAMW_IMPLEMENTATIONS)}.")
     params = [p for p in model.parameters() if p.requires_grad]

@@ -86,6 +86,8 @@ def saved_activation_bytes(
     Returns ``{"activation_bytes", "weight_bytes", "saved_tensors", "shared_saves", "activation_bytes_by_dtype"}``
     (``shared_saves``: saves that pointed at a storage already counted; the last maps ``"torch.float32"`` etc. to
     bytes, which shows what autocast kept in fp32).
+
+    Taught in lesson 06 (``notebooks/06_accumulation.ipynb``).
     """
     spans: dict[int, list[tuple[int, int]]] = {}  # storage -> byte ranges saved from it
     kinds: dict[int, tuple[str, str]] = {}  # storage -> (kind, dtype) of its first save
@@ -158,6 +160,8 @@ def precision_steps(
 
     Hand the dict to :func:`course_lib.perf.compare.compare` to time the precisions in interleaved rounds. The
     copies start from the same weights; fp16 gets an enabled ``GradScaler``.
+
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
     """
     device = torch.device(device)
     dtypes = {p: amp_dtype_of(p, device) for p in precisions}  # bad names fail before any work
@@ -207,6 +211,8 @@ def compare_precisions(
     weight_copy_mb (:func:`saved_activation_bytes`, first batch), final_loss (training loss of the last step),
     eval_loss and eval_acc (fp32 :func:`~course_lib.train.evaluate.evaluate` of the trained copy on the batches),
     and the ratios step_time_vs_fp32 and activation_vs_fp32 when fp32 is in the list.
+
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
     """
     if steps < 2:
         raise ValueError(f"steps={steps} must be >= 2 (the first step is excluded from timing).")
@@ -261,7 +267,10 @@ def compare_precisions(
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
-    """A plain-text side-by-side table of :func:`compare_precisions` rows (memory and quality)."""
+    """A plain-text side-by-side table of :func:`compare_precisions` rows (memory and quality).
+
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
+    """
     lines = [f"{'precision':<9} {'activations MiB':>15} {'weight copies MiB':>17} {'final loss':>11} "
              f"{'eval loss':>10} {'eval acc':>9}"]
     for r in rows:
@@ -289,6 +298,8 @@ def grad_scaler_demo(
     step and halve its scale (``backoff_factor=0.5``). After ``growth_interval`` clean steps in a row it doubles the
     scale (``growth_factor=2``). Rows: step, overflow (injected), scale_before, scale_after, skipped (the weights did
     not change), loss.
+
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a whole number >= 1.")

@@ -64,6 +64,7 @@ class ProfileResult:
         return self.key_averages(group_by_input_shape).table(sort_by=_sort_key(by), row_limit=k)
 
     def export_chrome_trace(self, path: str | Path) -> Path:
+        """Write this window's Chrome/Perfetto trace (see the module-level :func:`export_chrome_trace`)."""
         return export_chrome_trace(self, path)
 
 
@@ -90,6 +91,8 @@ def profile_steps(
 
     CUDA activity is recorded too when a GPU is present. With ``trace_dir``, each active window is written there by
     ``tensorboard_trace_handler`` (``tensorboard --logdir trace_dir``, or open the ``.pt.trace.json`` in Perfetto).
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     for name, value, low in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
         if not isinstance(value, int) or value < low:
@@ -128,6 +131,8 @@ def top_ops(result: ProfileResult, k: int = 5, by: str = "self_cpu_time_total") 
     ``by`` is one of ``self_cpu_time_total``, ``cpu_time_total``, ``self_device_time_total``,
     ``device_time_total``. Rows: name, calls, self_cpu_ms, cpu_total_ms, self_device_ms, device_total_ms,
     self_cpu_memory_mb, and ``value_ms`` (the sort column). Remember: totals of nested operators overlap.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k={k!r} must be an int >= 1.")
@@ -145,7 +150,10 @@ def top_ops(result: ProfileResult, k: int = 5, by: str = "self_cpu_time_total") 
 
 
 def format_rows(rows: list[dict[str, Any]], by: str = "value_ms") -> str:
-    """A plain-text table of :func:`top_ops` rows."""
+    """A plain-text table of :func:`top_ops` rows.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
+    """
     lines = [f"{'operator':<40} {'calls':>6} {'self CPU ms':>12} {'CPU total ms':>13} {'self dev ms':>12}"]
     for r in rows:
         lines.append(f"{r['name'][:40]:<40} {r['calls']:>6} {r['self_cpu_ms']:>12.3f} {r['cpu_total_ms']:>13.3f} "
@@ -159,6 +167,8 @@ def export_chrome_trace(result: ProfileResult, path: str | Path) -> Path:
     torch's profiler can save a window's trace only once. When ``profile_steps`` ran with ``trace_dir``, the
     handler has already saved it (``result.trace_files``), and asking the profiler again fails with "Trace is
     already saved"; so the handler's file is copied instead. Either way the file at ``path`` holds the same trace.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -117,6 +117,8 @@ def time_split(
     ``loader`` is any iterable of ``(x, y)`` or ``(x, y, lengths)`` batches (restarted if it runs out).
     ``optimizer`` defaults to AdamW(lr=1e-3); ``loss_fn(output, y)`` to cross-entropy ignoring -100.
     The warm-up steps (worker start-up, allocator growth) run but are not recorded.
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be an int >= 1.")
@@ -153,7 +155,10 @@ def time_split(
 
 
 def plot_splits(splits: dict[str, Split], ax: Any = None, title: str = "Where a training step's time goes") -> Any:
-    """Horizontal stacked bars (ms per step: data, transfer, compute), one per named split; returns the Figure."""
+    """Horizontal stacked bars (ms per step: data, transfer, compute), one per named split; returns the Figure.
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
+    """
     import matplotlib.pyplot as plt
 
     if not splits:

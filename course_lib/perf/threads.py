@@ -38,6 +38,8 @@ def intra_op_threads(cores: int, workers: int = 0, busy: int = 0) -> int:
     5
     >>> intra_op_threads(2, workers=4)
     1
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
     """
     for name, value in (("cores", cores), ("workers", workers), ("busy", busy)):
         if not isinstance(value, int) or value < (1 if name == "cores" else 0):
@@ -46,7 +48,10 @@ def intra_op_threads(cores: int, workers: int = 0, busy: int = 0) -> int:
 
 
 def thread_settings() -> dict[str, str | int]:
-    """This process's thread counts and the environment variables that set them before start-up."""
+    """This process's thread counts and the environment variables that set them before start-up.
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
+    """
     settings: dict[str, str | int] = {
         "cores (os.cpu_count)": os.cpu_count() or 1,
         "torch.get_num_threads()": torch.get_num_threads(),
@@ -59,7 +64,10 @@ def thread_settings() -> dict[str, str | int]:
 
 class DecodingDataset(torch.utils.data.Dataset):
     """Images that cost CPU time to produce, like JPEG decoding: each item runs a few blur passes over a
-    ``3 x size x size`` image (seeded by its index). In a DataLoader worker this keeps one core busy."""
+    ``3 x size x size`` image (seeded by its index). In a DataLoader worker this keeps one core busy.
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
+    """
 
     def __init__(self, n: int = 256, size: int = 64, passes: int = 6, num_classes: int = 10) -> None:
         self.n, self.size, self.passes, self.num_classes = n, size, passes, num_classes
@@ -77,7 +85,10 @@ class DecodingDataset(torch.utils.data.Dataset):
 
 def with_threads(n: int, fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` run with ``n`` intra-op threads (for contenders of :func:`course_lib.perf.compare.compare`, which
-    restores the thread count when it is done)."""
+    restores the thread count when it is done).
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
+    """
 
     def run() -> Any:
         torch.set_num_threads(n)

@@ -198,6 +198,8 @@ def measure_latency(
     ``dtype`` is the autocast precision (``None``/``"fp32"``, ``"bf16"``, ``"fp16"`` on GPUs). The model is moved to
     ``device`` and put in eval mode (dropout off, BatchNorm running statistics) -- the state it is served in. Pass a
     batch of one to measure latency, a large batch and the result's ``samples_per_s`` for throughput.
+
+    Taught in lesson 08 (``notebooks/08_latency_memory.ipynb``).
     """
     _check_counts(warmup, reps)
     device = torch.device(device)
@@ -232,6 +234,8 @@ def end_to_end_latency(
 
     This is the latency a user experiences. It is reported separately from :func:`measure_latency`, which times
     the forward pass alone; the difference tells you whether optimising the model can help at all.
+
+    Taught in lesson 08 (``notebooks/08_latency_memory.ipynb``).
     """
     _check_counts(warmup, reps)
     device = torch.device(device)

@@ -30,7 +30,10 @@ from course_lib.train.schedule import lr_at
 
 
 def run(cfg: TrainConfig, resume: bool = False, overwrite: bool = False, download: bool | None = None) -> list[dict]:
-    """Build data + model from ``cfg`` and train (see :func:`course_lib.train.launch.run`)."""
+    """Build data + model from ``cfg`` and train (see :func:`course_lib.train.launch.run`).
+
+    Taught in lesson 08 (``notebooks/08_latency_memory.ipynb``).
+    """
     from course_lib.train.launch import run as _run  # the data package is imported only when a run starts
 
     return _run(cfg, resume=resume, overwrite=overwrite, download=download)

@@ -83,7 +83,10 @@ def take_group(batches: Iterator[T], size: int) -> list[T]:
 
 
 def accumulation_groups(n_batches: int, accum: int) -> list[int]:
-    """How ``n_batches`` micro-batches split into optimizer steps of ``accum``: ``(10, 4) -> [4, 4, 2]``."""
+    """How ``n_batches`` micro-batches split into optimizer steps of ``accum``: ``(10, 4) -> [4, 4, 2]``.
+
+    Taught in lesson 06 (``notebooks/06_accumulation.ipynb``).
+    """
     if not isinstance(n_batches, int) or n_batches < 0:
         raise ValueError(f"n_batches={n_batches!r} must be an integer >= 0.")
     if not isinstance(accum, int) or accum < 1:
@@ -107,6 +110,8 @@ def backward_group(
     Returns ``(loss sum over this rank's micro-batches (detached tensor), group target count over all ranks)``;
     the count is a 0-d tensor, or an ``int`` when several micro-batches' targets were counted on the CPU (no sync
     either way).
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
     """
     device = torch.device(device)
     if len(micro_batches) == 1 and world_size == 1:
@@ -160,6 +165,8 @@ def train_accumulated(
 
     Returns ``{"loss": mean training loss over the epoch, "steps": optimizer steps, "group_sizes": samples per
     step}`` (133 samples in micro-batches of 12, ``microbatches=4`` -> ``group_sizes == [48, 48, 37]``).
+
+    Taught in lesson 06 (``notebooks/06_accumulation.ipynb``).
     """
     if not isinstance(microbatches, int) or microbatches < 1:
         raise ValueError(f"microbatches={microbatches!r} must be an integer >= 1.")

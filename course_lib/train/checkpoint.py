@@ -203,7 +203,10 @@ def save_checkpoint(
 
 # ------------------------------------------------------------------------------------------------------ load
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load and sanity-check a checkpoint file without applying it. Raises :class:`CheckpointError`."""
+    """Load and sanity-check a checkpoint file without applying it. Raises :class:`CheckpointError`.
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: the file does not exist (start without resume first).")

@@ -24,6 +24,8 @@ def compile_blocker(device: torch.device | str = "cpu", backend: str = "inductor
 
     Checked before any work: the platform is supported by TorchDynamo; Inductor has a C/C++ compiler to call
     (Windows needs MSVC's ``cl.exe`` on PATH, i.e. a "Developer Command Prompt"); MPS support is partial.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     try:
         from torch._dynamo.eval_frame import is_dynamo_supported
@@ -67,6 +69,8 @@ def compile_or_eager(
 
     Only the *known* blockers are checked here; compile is lazy, so use
     :func:`course_lib.perf.compile.warm_compile` to make the first call (where most failures appear) and fall back.
+
+    Taught in lesson 11 (``notebooks/11_capstone.ipynb``).
     """
     check_mode(mode)
     if device is None:

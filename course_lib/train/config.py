@@ -34,7 +34,10 @@ MAX_SEED = 2**32 - 1
 
 
 class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field, the value and what is allowed."""
+    """A configuration value is invalid; the message names the field, the value and what is allowed.
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
+    """
 
 
 @dataclass
@@ -54,6 +57,8 @@ class TrainConfig:
 
     Bookkeeping: ``eval_every`` (evaluate + checkpoint period, ``None`` = a quarter of ``steps``), ``log_every``
     (``None`` = a twentieth of ``steps``), ``out`` (run directory for ``metrics.jsonl`` and ``ckpt.pt``).
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
     """
 
     lr: float = 3e-3

@@ -32,6 +32,8 @@ def evaluate(
 
     Works for image batches (logits ``[B, K]``) and text batches (logits ``[B, T, V]``). Reads the device once,
     at the end (two ``.item()`` calls in total, not two per batch).
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     device = torch.device(device)
     was_training = model.training

@@ -20,7 +20,10 @@ TEXT_BLOCK_SIZE = 128  # characters of context for the GPT (the text data cuts l
 
 
 def model_kwargs(name: str) -> dict[str, Any]:
-    """Model sizes for the current mode: tiny in smoke mode (wiring checks), laptop-sized in full mode."""
+    """Model sizes for the current mode: tiny in smoke mode (wiring checks), laptop-sized in full mode.
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
+    """
     if name == "cnn":
         return {"width": by_mode(smoke=8, full=32)}
     if name == "net":

@@ -223,6 +223,8 @@ def train(
 
     History records: train lines ``{"step", "loss", "lr", "grad_norm", "examples_per_s"}`` (plus
     ``"tokens_per_s"`` for text) and eval lines ``{"step", "val_loss", "val_acc"}``.
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
     """
     cfg.validate()
     device = torch.device(device) if device is not None else cfg.torch_device()
@@ -282,7 +284,10 @@ def build_run(model: nn.Module, train_loader: Batches, val_loader: Batches, cfg:
 
 
 def training_steps(run: Run, start_step: int) -> None:
-    """Steps ``start_step .. cfg.steps - 1``: the loop itself (see the module docstring)."""
+    """Steps ``start_step .. cfg.steps - 1``: the loop itself (see the module docstring).
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
+    """
     cfg = run.cfg
     run.model.train()
     window = LogWindow()
@@ -305,7 +310,10 @@ def training_steps(run: Run, start_step: int) -> None:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> float:
-    """Write the schedule's rate for ``step`` into every parameter group (a pure function: nothing to save)."""
+    """Write the schedule's rate for ``step`` into every parameter group (a pure function: nothing to save).
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
+    """
     lr = lr_at(step, cfg)
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -317,6 +325,8 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
     """Unscale (fp16), measure and clip the gradient norm, step, zero the gradients; returns the norm (on device).
 
     The norm is measured after unscaling and before clipping; ``max_norm=inf`` still measures when clipping is off.
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
     """
     if not scaler.is_enabled():  # fp32 and bf16: the plain step, no scaler calls at all
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip or math.inf)
@@ -348,7 +358,10 @@ def log_train_line(run: Run, window: LogWindow, done: int, lr: float, grad_norm:
 
 
 def evaluate_and_checkpoint(run: Run, done: int) -> None:
-    """Evaluate on the validation data, log it, and (rank 0) write the checkpoint."""
+    """Evaluate on the validation data, log it, and (rank 0) write the checkpoint.
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
+    """
     # evaluate() leaves the training RNG untouched: a resumed run draws the same numbers afterwards.
     val = evaluate(unwrap(run.model), run.val_loader, run.device, run.amp_dtype)
     record = {"step": done, "val_loss": val["loss"], "val_acc": val["acc"]}

@@ -22,6 +22,8 @@ def param_groups(model: nn.Module, wd: float) -> list[dict[str, Any]]:
 
     Each group also carries ``"names"`` (the parameter names) so a lesson can print what went where.
     Tied parameters appear once (``named_parameters`` deduplicates them).
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
     """
     decay, no_decay = [], []
     decay_names, no_decay_names = [], []

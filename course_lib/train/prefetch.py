@@ -52,6 +52,8 @@ class Prefetcher:
     On a CUDA device the copy of batch ``i + 1`` is issued on a side stream before batch ``i`` is handed out (use
     a loader with ``pin_memory=True`` so the copy is truly asynchronous). On any other device (the CPU fallback)
     batches are moved with a plain ``.to(device)``, one at a time: same batches, same order, no stream.
+
+    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
     """
 
     def __init__(self, loader: Iterable[Any], device: torch.device | str) -> None:

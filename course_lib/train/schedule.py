@@ -32,6 +32,8 @@ def lr_at(step: int, cfg: _HasSchedule) -> float:
 
     * ``step < warmup``: ``lr * step / warmup`` (0 at step 0, so the first update only primes AdamW's moments).
     * ``warmup <= step <= steps``: cosine from ``lr`` down to ``0.1 * lr``; steps past the end stay at ``0.1 * lr``.
+
+    Taught in lesson 04 (``notebooks/04_template.ipynb``).
     """
     if step < 0:
         raise ValueError(f"step={step} must be >= 0.")
