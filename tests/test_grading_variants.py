@@ -594,6 +594,78 @@ WRONG: list[tuple[str, str, str, str]] = [
         def load_best(trainer, cls):
             return cls(lr=trainer.lightning_module.hparams.lr)
         """, "load_best"),
+    ("12", "target passed as min_delta (thresholds swapped)", """
+        def make_early_stop(patience, min_delta, target):
+            return EarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=target,
+                                 stopping_threshold=min_delta)
+        """, "stopping_threshold"),
+    ("12", "no stopping_threshold: the target ignored", """
+        def make_early_stop(patience, min_delta, target):
+            return EarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=min_delta)
+        """, "stopping_threshold"),
+    ("12", "divergence_threshold used for the target", """
+        def make_early_stop(patience, min_delta, target):
+            return EarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=min_delta,
+                                 divergence_threshold=target)
+        """, "stopping_threshold"),
+    ("12", "history keeps the sanity check's val_loss", """
+        class ValLossHistory(ValLossHistory):
+            def on_validation_end(self, trainer, pl_module):
+                self.values.append(float(trainer.callback_metrics["val_loss"]))
+        """, "history"),
+    ("12", "history of the training loss", """
+        class ValLossHistory(ValLossHistory):
+            def on_validation_end(self, trainer, pl_module):
+                if not trainer.sanity_checking:
+                    self.values.append(float(trainer.callback_metrics["train_loss"]))
+        """, "history"),
+    ("12", "MulticlassAccuracy's default macro average", """
+        class MeteredClassifier(MeteredClassifier):
+            def __init__(self, lr=1e-2, d_in=8, n_classes=3):
+                super().__init__(lr=lr, d_in=d_in, n_classes=n_classes)
+                self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=n_classes)
+        """, "val_acc"),
+    ("12", "one metric object shared by training and validation", """
+        class MeteredClassifier(MeteredClassifier):
+            def __init__(self, lr=1e-2, d_in=8, n_classes=3):
+                super().__init__(lr=lr, d_in=d_in, n_classes=n_classes)
+                self.val_acc = self.train_acc
+        """, "val_acc"),
+    ("12", "manual compute without reset (earlier validations carried over)", """
+        class MeteredClassifier(LitClassifier):
+            def __init__(self, lr=1e-2, d_in=8, n_classes=3):
+                super().__init__(lr=lr, d_in=d_in, n_classes=n_classes)
+                self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=n_classes)
+            def validation_step(self, batch, batch_idx):
+                super().validation_step(batch, batch_idx)
+                x, y = batch
+                self.val_acc.update(self(x), y)
+            def on_validation_epoch_end(self):
+                self.log("val_acc", self.val_acc.compute())
+        """, "val_acc"),
+    ("12", "no val_acc logged", """
+        class MeteredClassifier(LitClassifier):
+            pass
+        """, "val_acc"),
+    ("12", "fast_dev_run=True: one batch whatever n_batches says", """
+        def wiring_check(module, train_loader, val_loader, n_batches):
+            trainer = L.Trainer(fast_dev_run=True, enable_progress_bar=False, enable_model_summary=False)
+            trainer.fit(module, train_loader, val_loader)
+            return trainer
+        """, "fast_dev_run"),
+    ("12", "max_steps=n_batches instead of fast_dev_run (sanity check, full validation, logs written)", """
+        def wiring_check(module, train_loader, val_loader, n_batches):
+            trainer = L.Trainer(max_steps=n_batches, enable_progress_bar=False, enable_model_summary=False)
+            trainer.fit(module, train_loader, val_loader)
+            return trainer
+        """, "fast_dev_run"),
+    ("12", "limit_*_batches for one epoch (sanity check, checkpoint written)", """
+        def wiring_check(module, train_loader, val_loader, n_batches):
+            trainer = L.Trainer(max_epochs=1, limit_train_batches=n_batches, limit_val_batches=n_batches,
+                                logger=False, enable_progress_bar=False, enable_model_summary=False)
+            trainer.fit(module, train_loader, val_loader)
+            return trainer
+        """, "fast_dev_run"),
     # ---------------------------------------------------------------- 13
     ("13", "ReLU and dropout after the last layer", """
         class StackMLP(nn.Module):
@@ -807,6 +879,34 @@ RIGHT: list[tuple[str, str, str]] = [
                 opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
                 sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5)
                 return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "val_loss"}}
+        """),
+    ("12", "val accuracy by hand: update per batch, compute, log and reset at the epoch's end", """
+        class MeteredClassifier(LitClassifier):
+            def __init__(self, lr=1e-2, d_in=8, n_classes=3):
+                super().__init__(lr=lr, d_in=d_in, n_classes=n_classes)
+                self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=n_classes, average="micro")
+            def validation_step(self, batch, batch_idx):
+                super().validation_step(batch, batch_idx)
+                x, y = batch
+                self.val_acc.update(self(x).argmax(1), y)
+            def on_validation_epoch_end(self):
+                self.log("val_acc", self.val_acc.compute())
+                self.val_acc.reset()
+        """),
+    ("12", "history in on_validation_end via a guard clause; fast_dev_run with logger and checkpoints off", """
+        class ValLossHistory(Callback):
+            def __init__(self):
+                super().__init__()
+                self.values = []
+            def on_validation_end(self, trainer, pl_module):
+                if trainer.sanity_checking:
+                    return
+                self.values.append(trainer.callback_metrics["val_loss"].item())
+        def wiring_check(module, train_loader, val_loader, n_batches):
+            trainer = L.Trainer(fast_dev_run=n_batches, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False)
+            trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader)
+            return trainer
         """),
     ("13", "nn.Sequential built from a list of layers", """
         class StackMLP(nn.Module):
