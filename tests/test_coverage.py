@@ -66,8 +66,11 @@ def test_starred_ids_are_practised_in_an_exercise_and_references_exist():
     problems = []
     for ident, _, _, refs in _rows():
         for ref in refs:
-            if not (REPO / ref.split("::")[0]).exists():
+            path, _, section = ref.partition("::")
+            if not (REPO / path).exists():
                 problems.append(f"{ident}: {ref} does not exist")
+            elif section and path.endswith(".ipynb") and section not in _headings(path):
+                problems.append(f"{ident}: no heading {section!r} in {path}")
         if ident in STARRED and not any(r.startswith("exercises/") for r in refs):
             problems.append(f"{ident} is practised in a graded exercise, but its row names none")
     assert not problems, "\n".join(problems)

@@ -216,6 +216,67 @@ WRONG: list[tuple[str, str, str, str]] = [
                           reverse=True)
             return [(e.key, str(e.input_shapes), float(e.self_cpu_memory_usage)) for e in rows[:k]]
         """, "top allocations"),
+    ("02", "candidates tried in the dict's order, not the course's", """
+        _solution_tune = tune_loader
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            global TUNING_ORDER
+            saved, TUNING_ORDER = TUNING_ORDER, tuple(candidates)
+            try:
+                return _solution_tune(measure, baseline, candidates, budget_mib, max_loss_rise)
+            finally:
+                TUNING_ORDER = saved
+        """, "order"),
+    ("02", "every trial compared with the baseline, not with the config kept so far", """
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            current, base_m = dict(baseline), measure(dict(baseline))
+            rows = [{"setting": "baseline", "value": None, "kept": True, "reason": "baseline",
+                     "samples_per_s": baseline["batch_size"] / statistics.median(base_m["seconds"]),
+                     "peak_mib": base_m["peak_mib"], "val_loss": base_m["val_loss"]}]
+            for key in TUNING_ORDER:
+                for value in candidates.get(key, []):
+                    trial = {**current, key: value}
+                    m = measure(trial)
+                    if m["peak_mib"] > budget_mib:
+                        reason = "over memory"
+                    elif m["val_loss"] > base_m["val_loss"] + max_loss_rise:
+                        reason = "worse validation"
+                    else:
+                        reason = verdict_from_times(Measurement("t", tuple(m["seconds"]), trial["batch_size"]),
+                                                    Measurement("b", tuple(base_m["seconds"]),
+                                                                baseline["batch_size"])).outcome
+                    rows.append({"setting": key, "value": value, "kept": reason == "faster", "reason": reason,
+                                 "samples_per_s": trial["batch_size"] / statistics.median(m["seconds"]),
+                                 "peak_mib": m["peak_mib"], "val_loss": m["val_loss"]})
+                    if reason == "faster":
+                        current = trial
+            return current, rows
+        """, "verdict"),
+    ("02", "kept whenever the median rate is higher (no verdict, noise ignored)", """
+        _real_verdict = verdict_from_times
+        def verdict_from_times(a, b, **kwargs):
+            v = _real_verdict(a, b, **kwargs)
+            return dataclasses.replace(v, outcome="faster" if v.ratio > 1 else "slower")
+        import dataclasses
+        """, "verdict"),
+    ("02", "memory budget ignored (the fastest batch kept)", """
+        _solution_tune = tune_loader
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            return _solution_tune(measure, baseline, candidates, float("inf"), max_loss_rise)
+        """, "memory"),
+    ("02", "validation not checked (a larger batch kept because it is faster)", """
+        _solution_tune = tune_loader
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            return _solution_tune(measure, baseline, candidates, budget_mib, float("inf"))
+        """, "memory"),
+    ("02", "samples/s as batches per second (batch size left out)", """
+        _solution_tune = tune_loader
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            chosen, rows = _solution_tune(measure, baseline, candidates, budget_mib, max_loss_rise)
+            for r in rows:
+                r["samples_per_s"] = r["samples_per_s"] / (chosen["batch_size"] if r["setting"] != "batch_size"
+                                                           else r["value"])
+            return chosen, rows
+        """, "log"),
     # ---------------------------------------------------------------- 03
     ("03", "compile counting without torch._dynamo.reset()", """
         def count_compiles(model, inputs):
@@ -594,6 +655,78 @@ WRONG: list[tuple[str, str, str, str]] = [
         def load_best(trainer, cls):
             return cls(lr=trainer.lightning_module.hparams.lr)
         """, "load_best"),
+    ("12", "target passed as min_delta (thresholds swapped)", """
+        def make_early_stop(patience, min_delta, target):
+            return EarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=target,
+                                 stopping_threshold=min_delta)
+        """, "stopping_threshold"),
+    ("12", "no stopping_threshold: the target ignored", """
+        def make_early_stop(patience, min_delta, target):
+            return EarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=min_delta)
+        """, "stopping_threshold"),
+    ("12", "divergence_threshold used for the target", """
+        def make_early_stop(patience, min_delta, target):
+            return EarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=min_delta,
+                                 divergence_threshold=target)
+        """, "stopping_threshold"),
+    ("12", "history keeps the sanity check's val_loss", """
+        class ValLossHistory(ValLossHistory):
+            def on_validation_end(self, trainer, pl_module):
+                self.values.append(float(trainer.callback_metrics["val_loss"]))
+        """, "history"),
+    ("12", "history of the training loss", """
+        class ValLossHistory(ValLossHistory):
+            def on_validation_end(self, trainer, pl_module):
+                if not trainer.sanity_checking:
+                    self.values.append(float(trainer.callback_metrics["train_loss"]))
+        """, "history"),
+    ("12", "MulticlassAccuracy's default macro average", """
+        class MeteredClassifier(MeteredClassifier):
+            def __init__(self, lr=1e-2, d_in=8, n_classes=3):
+                super().__init__(lr=lr, d_in=d_in, n_classes=n_classes)
+                self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=n_classes)
+        """, "val_acc"),
+    ("12", "one metric object shared by training and validation", """
+        class MeteredClassifier(MeteredClassifier):
+            def __init__(self, lr=1e-2, d_in=8, n_classes=3):
+                super().__init__(lr=lr, d_in=d_in, n_classes=n_classes)
+                self.val_acc = self.train_acc
+        """, "val_acc"),
+    ("12", "manual compute without reset (earlier validations carried over)", """
+        class MeteredClassifier(LitClassifier):
+            def __init__(self, lr=1e-2, d_in=8, n_classes=3):
+                super().__init__(lr=lr, d_in=d_in, n_classes=n_classes)
+                self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=n_classes)
+            def validation_step(self, batch, batch_idx):
+                super().validation_step(batch, batch_idx)
+                x, y = batch
+                self.val_acc.update(self(x), y)
+            def on_validation_epoch_end(self):
+                self.log("val_acc", self.val_acc.compute())
+        """, "val_acc"),
+    ("12", "no val_acc logged", """
+        class MeteredClassifier(LitClassifier):
+            pass
+        """, "val_acc"),
+    ("12", "fast_dev_run=True: one batch whatever n_batches says", """
+        def wiring_check(module, train_loader, val_loader, n_batches):
+            trainer = L.Trainer(fast_dev_run=True, enable_progress_bar=False, enable_model_summary=False)
+            trainer.fit(module, train_loader, val_loader)
+            return trainer
+        """, "fast_dev_run"),
+    ("12", "max_steps=n_batches instead of fast_dev_run (sanity check, full validation, logs written)", """
+        def wiring_check(module, train_loader, val_loader, n_batches):
+            trainer = L.Trainer(max_steps=n_batches, enable_progress_bar=False, enable_model_summary=False)
+            trainer.fit(module, train_loader, val_loader)
+            return trainer
+        """, "fast_dev_run"),
+    ("12", "limit_*_batches for one epoch (sanity check, checkpoint written)", """
+        def wiring_check(module, train_loader, val_loader, n_batches):
+            trainer = L.Trainer(max_epochs=1, limit_train_batches=n_batches, limit_val_batches=n_batches,
+                                logger=False, enable_progress_bar=False, enable_model_summary=False)
+            trainer.fit(module, train_loader, val_loader)
+            return trainer
+        """, "fast_dev_run"),
     # ---------------------------------------------------------------- 13
     ("13", "ReLU and dropout after the last layer", """
         class StackMLP(nn.Module):
@@ -684,6 +817,34 @@ RIGHT: list[tuple[str, str, str]] = [
                     raise ValueError("the loader ran out of batches") from None
                 samples += x.shape[0]
             return samples / (clock() - start)
+        """),
+    ("02", "tuning written with the verdict's winner and a list of rejections", """
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            kept, kept_m = dict(baseline), measure(dict(baseline))
+            limit = kept_m["val_loss"] + max_loss_rise
+            def rate(cfg, m):
+                return cfg["batch_size"] / statistics.median(m["seconds"])
+            rows = [dict(setting="baseline", value=None, samples_per_s=rate(kept, kept_m), peak_mib=kept_m["peak_mib"],
+                         val_loss=kept_m["val_loss"], kept=True, reason="baseline")]
+            for key in ("num_workers", "batch_size", "pin_memory", "prefetch_factor"):
+                for value in candidates.get(key, ()):
+                    cfg = dict(kept)
+                    cfg[key] = value
+                    m = measure(cfg)
+                    rejections = [why for bad, why in ((m["peak_mib"] > budget_mib, "over memory"),
+                                                      (m["val_loss"] > limit, "worse validation")) if bad]
+                    if rejections:
+                        reason = rejections[0]
+                    else:
+                        v = verdict_from_times(Measurement("new", tuple(m["seconds"]), work=cfg["batch_size"]),
+                                               Measurement("old", tuple(kept_m["seconds"]), work=kept["batch_size"]))
+                        reason = v.outcome
+                    good = not rejections and v.winner == "new"
+                    rows.append(dict(setting=key, value=value, samples_per_s=rate(cfg, m), peak_mib=m["peak_mib"],
+                                     val_loss=m["val_loss"], kept=good, reason=reason))
+                    if good:
+                        kept, kept_m = cfg, m
+            return kept, rows
         """),
     ("02", "padding by hand; RandomSampler and BatchSampler(drop_last=True)", """
         def pad_collate(batch):
@@ -807,6 +968,34 @@ RIGHT: list[tuple[str, str, str]] = [
                 opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
                 sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5)
                 return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "val_loss"}}
+        """),
+    ("12", "val accuracy by hand: update per batch, compute, log and reset at the epoch's end", """
+        class MeteredClassifier(LitClassifier):
+            def __init__(self, lr=1e-2, d_in=8, n_classes=3):
+                super().__init__(lr=lr, d_in=d_in, n_classes=n_classes)
+                self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=n_classes, average="micro")
+            def validation_step(self, batch, batch_idx):
+                super().validation_step(batch, batch_idx)
+                x, y = batch
+                self.val_acc.update(self(x).argmax(1), y)
+            def on_validation_epoch_end(self):
+                self.log("val_acc", self.val_acc.compute())
+                self.val_acc.reset()
+        """),
+    ("12", "history in on_validation_end via a guard clause; fast_dev_run with logger and checkpoints off", """
+        class ValLossHistory(Callback):
+            def __init__(self):
+                super().__init__()
+                self.values = []
+            def on_validation_end(self, trainer, pl_module):
+                if trainer.sanity_checking:
+                    return
+                self.values.append(trainer.callback_metrics["val_loss"].item())
+        def wiring_check(module, train_loader, val_loader, n_batches):
+            trainer = L.Trainer(fast_dev_run=n_batches, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False)
+            trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader)
+            return trainer
         """),
     ("13", "nn.Sequential built from a list of layers", """
         class StackMLP(nn.Module):

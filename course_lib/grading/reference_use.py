@@ -18,7 +18,7 @@ from course_lib.grading import notebook
 REFERENCES: dict[str, tuple[str, ...]] = {
     "01": ("course_lib.train.cli.build_parser", "course_lib.train.cli.config_from_args"),
     "02": ("course_lib.perf.profile.profile_steps", "course_lib.perf.profile.top_ops",
-           "course_lib.perf.stepsplit.verdict"),
+           "course_lib.perf.stepsplit.verdict", "course_lib.grading.checks.ex02_bottleneck.reference_tuning"),
     "03": ("course_lib.perf.compile.RecompileCounter", "course_lib.perf.compile.enable_tf32",
            "course_lib.perf.fusion.break_even_calls"),
     "05": ("course_lib.train.schedule.lr_at",),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -527,3 +529,196 @@ def top_memory_ops(ns: dict[str, Any]) -> None:
         if not isinstance(have[2], float) or not math.isclose(have[2], want[2], rel_tol=1e-6):
             raise CheckFailed("memory should be in MiB", hint="the profiler reports bytes: divide by 2**20",
                               expected=[e[2] for e in expected], got=[g[2] for g in got])
+
+
+# ------------------------------------------------------------------ 02.8 the experiment order
+
+TUNING_ORDER = ("num_workers", "batch_size", "pin_memory", "prefetch_factor")
+
+
+def _tuning_inputs(seed: int) -> tuple[dict[str, Any], dict[str, list[Any]], float, float]:
+    """Baseline, candidates (in a shuffled dict order), memory budget in MiB and allowed val_loss rise."""
+    batch = (32, 64)[seed % 2]
+    candidates = {"num_workers": [1, 2, 4 + seed % 3], "batch_size": [batch // 2, batch * 2, batch * 4],
+                  "pin_memory": [True], "prefetch_factor": [4]}
+    keys = list(candidates)
+    random.Random(seed).shuffle(keys)  # the course's order, not the dict's, decides what is tried first
+    if tuple(keys) == TUNING_ORDER:
+        keys.reverse()
+    baseline = {"num_workers": 0, "batch_size": batch, "pin_memory": False, "prefetch_factor": None}
+    budget = 300.0 + batch * 5.5 + 20 * (seed % 3)  # batch * 4 never fits, batch * 2 does
+    return baseline, {k: candidates[k] for k in keys}, budget, 0.02 + seed % 3 / 100
+
+
+class _SyntheticLoader:
+    """``measure(config)``: timed rounds (seconds per batch), peak memory and val_loss of one loader setting.
+
+    No timing happens: every number is made up from the config and the run's seed, so the rules (not the machine)
+    decide. Workers help up to 2 then stop (the third count is within the noise of 2), half batches are slower per
+    sample, doubling the batch is faster but validates worse, four times the batch is fastest but does not fit in
+    memory, pinned memory changes nothing on this CPU, and deeper prefetch helps a little.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.calls: list[dict[str, Any]] = []
+
+    def _speed(self, cfg: dict[str, Any], batch0: int) -> tuple[float, float]:
+        workers = int(cfg.get("num_workers") or 0)
+        speed = (1.0, 1.7, 2.6)[min(workers, 2)] * (1.01 if workers > 2 else 1.0)
+        ratio = int(cfg["batch_size"]) / batch0
+        speed *= {0.5: 0.8, 1.0: 1.0, 2.0: 1.35, 4.0: 1.6}.get(ratio, 1.0)
+        if cfg.get("prefetch_factor") == 4 and workers > 0:
+            speed *= 1.15 + self.seed % 5 / 100
+        loss = 0.5 + self.seed % 7 / 100 + (0.08 if ratio >= 2 else 0.0)
+        return speed, loss
+
+    def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(config, dict):
+            raise TypeError(f"measure() takes a config dict, got {config!r}")
+        self.calls.append(dict(config))
+        batch0 = (32, 64)[self.seed % 2]
+        speed, loss = self._speed(config, batch0)
+        rng = random.Random(f"{self.seed}-{len(self.calls)}")
+        per_batch = int(config["batch_size"]) / (2000.0 * (1 + self.seed % 10 / 10) * speed)
+        seconds = tuple(per_batch * (1 + rng.uniform(-0.01, 0.01)) for _ in range(5))
+        workers = int(config.get("num_workers") or 0)
+        peak = 250.0 + 2.4 * int(config["batch_size"]) + 10 * workers
+        return {"seconds": seconds, "peak_mib": peak, "val_loss": loss}
+
+
+def reference_tuning(measure: Any, baseline: dict[str, Any], candidates: dict[str, list[Any]], budget_mib: float,
+                     max_loss_rise: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The course's order, one change at a time, kept only when the verdict says faster within memory and quality."""
+    from course_lib.perf.compare import Measurement, verdict_from_times
+
+    current = dict(baseline)
+    ref = measure(current)
+    base_loss = ref["val_loss"]
+
+    def row(setting: str, value: Any, m: dict[str, Any], batch: int, kept: bool, reason: str) -> dict[str, Any]:
+        return {"setting": setting, "value": value, "samples_per_s": batch / statistics.median(m["seconds"]),
+                "peak_mib": m["peak_mib"], "val_loss": m["val_loss"], "kept": kept, "reason": reason}
+
+    log = [row("baseline", None, ref, current["batch_size"], True, "baseline")]
+    for key in TUNING_ORDER:
+        for value in candidates.get(key, []):
+            trial = {**current, key: value}
+            m = measure(trial)
+            if m["peak_mib"] > budget_mib:
+                reason = "over memory"
+            elif m["val_loss"] > base_loss + max_loss_rise:
+                reason = "worse validation"
+            else:
+                reason = verdict_from_times(
+                    Measurement("trial", tuple(m["seconds"]), trial["batch_size"]),
+                    Measurement("current", tuple(ref["seconds"]), current["batch_size"])).outcome
+            kept = reason == "faster"
+            log.append(row(key, value, m, trial["batch_size"], kept, reason))
+            if kept:
+                current, ref = trial, m
+    return current, log
+
+
+def _tuned(ns: dict[str, Any], seed: int) -> dict[str, Any]:
+    tune = need(ns, "tune_loader",
+                "define `tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02)`")
+    baseline, candidates, budget, rise = _tuning_inputs(seed)
+    measure = _SyntheticLoader(seed)
+    out = call(tune, measure, dict(baseline), {k: list(v) for k, v in candidates.items()}, budget, rise)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict) and isinstance(out[1], list)):
+        return {"form": one_line(out), "calls": measure.calls}
+    fields = ("setting", "value", "samples_per_s", "peak_mib", "val_loss", "kept", "reason")
+    rows = [{k: r.get(k) for k in fields} if isinstance(r, dict) else one_line(r) for r in out[1]]
+    return {"form": "ok", "config": out[0], "log": rows, "calls": measure.calls}
+
+
+def _tuning_reference(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    baseline, candidates, budget, rise = _tuning_inputs(seed)
+    measure = _SyntheticLoader(seed)
+    config, log = reference_tuning(measure, baseline, candidates, budget, rise)
+    return config, log, measure.calls
+
+
+def _tuning_seen(ns: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], list[Any]]:
+    seed = run_seed(ns)
+    seen = observe(ns, _tuned, seed)
+    if seen["form"] != "ok":
+        raise CheckFailed("tune_loader should return (config dict, list of row dicts)", got=seen["form"])
+    if not all(isinstance(r, dict) for r in seen["log"]):
+        raise CheckFailed("every row of the log should be a dict", got=seen["log"][:2])
+    config, log, calls = _tuning_reference(seed)
+    return seen, config, log, calls
+
+
+@check_for("02", "tuning order: baseline, workers, batch size, pinned, prefetch")
+def tuning_order(ns: dict[str, Any]) -> None:
+    seen, _, log, calls = _tuning_seen(ns)
+    want = [(r["setting"], r["value"]) for r in log]
+    got = [(r["setting"], r["value"]) for r in seen["log"]]
+    if got != want:
+        raise CheckFailed(
+            "measure the baseline first, then one setting at a time in the course's order (workers, batch size, "
+            "pinned memory, prefetch), each candidate value once, whatever order the candidates dict has",
+            hint="for key in ('num_workers', 'batch_size', 'pin_memory', 'prefetch_factor'): for value in "
+            "candidates.get(key, []): ...",
+            expected=want, got=got,
+        )
+    if len(seen["calls"]) != len(calls):
+        raise CheckFailed("measure each configuration exactly once (every call is a real measurement)",
+                          expected=f"{len(calls)} calls", got=f"{len(seen['calls'])} calls")
+
+
+@check_for("02", "tuning keeps a change only when the verdict says faster")
+def tuning_verdicts(ns: dict[str, Any]) -> None:
+    seen, config, log, calls = _tuning_seen(ns)
+    budget_reasons = ("over memory", "worse validation")
+    for want, got in zip(log, seen["log"]):
+        if want["reason"] in budget_reasons or want["reason"] == "baseline":
+            continue
+        if (got["kept"], got["reason"]) != (want["kept"], want["reason"]):
+            raise CheckFailed(
+                f"{want['setting']}={want['value']!r}: keep a change only when verdict_from_times says 'faster' "
+                "against the config kept so far, per sample (work = batch size); too close to call keeps the "
+                "simpler setting",
+                hint="verdict_from_times(Measurement('trial', m['seconds'], trial['batch_size']), "
+                "Measurement('current', ref['seconds'], current['batch_size'])).outcome",
+                expected={"kept": want["kept"], "reason": want["reason"]},
+                got={"kept": got["kept"], "reason": got["reason"]},
+            )
+    if seen["calls"] != calls or seen["config"] != config:
+        raise CheckFailed("the chosen config is not the last one kept (each trial changes one setting of it)",
+                          expected=config, got=seen["config"])
+
+
+@check_for("02", "tuning respects the memory budget and validation")
+def tuning_limits(ns: dict[str, Any]) -> None:
+    seen, _, log, _ = _tuning_seen(ns)
+    for want, got in zip(log, seen["log"]):
+        if want["reason"] not in ("over memory", "worse validation"):
+            continue
+        measured = all(isinstance(got[k], (int, float)) and math.isclose(got[k], want[k], rel_tol=1e-6)
+                       for k in ("peak_mib", "val_loss"))
+        if got["kept"] is not False or got["reason"] != want["reason"] or not measured:
+            raise CheckFailed(
+                f"{want['setting']}={want['value']!r} is faster but {want['reason']}: a setting over the memory "
+                "budget is not legal, and one whose val_loss rises more than max_loss_rise above the baseline's is "
+                "not the same training",
+                hint="check peak_mib > budget_mib first, then val_loss > baseline val_loss + max_loss_rise",
+                expected={k: want[k] for k in ("kept", "reason", "peak_mib", "val_loss")},
+                got={k: got[k] for k in ("kept", "reason", "peak_mib", "val_loss")},
+            )
+
+
+@check_for("02", "tuning log records samples/s, memory and val_loss")
+def tuning_log(ns: dict[str, Any]) -> None:
+    seen, _, log, _ = _tuning_seen(ns)
+    for want, got in zip(log, seen["log"]):
+        for key in ("samples_per_s", "peak_mib", "val_loss"):
+            value = got[key]
+            if not isinstance(value, (int, float)) or not math.isclose(value, want[key], rel_tol=1e-6):
+                raise CheckFailed(
+                    f"row {want['setting']}={want['value']!r}: {key} should be recorded from its measurement",
+                    hint="samples_per_s = batch_size / median of the per-batch seconds",
+                    expected=want[key], got=value,
+                )

@@ -5,13 +5,21 @@ The learner defines ``LitClassifier`` (a subclass of the notebook's ``Classifier
 ``make_callbacks(dirpath, patience=3, min_delta=1e-3)`` returning ``[EarlyStopping, ModelCheckpoint]`` on
 ``val_loss``, and ``load_best(trainer, cls)`` loading the best checkpoint. The returned objects are inspected, then
 a tiny CPU ``Trainer`` (three short epochs, no logger, no progress bar) fits with the learner's callbacks.
+
+Part 12.4 (what a run reports): ``make_early_stop`` is inspected and run through two seeded val_loss sequences
+(``stopping_threshold`` vs ``min_delta``, no fit); one more tiny fit with a sanity check, observed once for two
+checks, judges ``ValLossHistory`` and ``MeteredClassifier``'s TorchMetrics ``val_acc`` against values the grader
+recomputes from the final weights; ``wiring_check`` runs a ``fast_dev_run`` whose batches a counting module tallies.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import tempfile
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -183,7 +191,8 @@ _BASE_SHAPES = {"net.0.weight": [32, 8], "net.0.bias": [32], "net.2.weight": [3,
 
 def _fit(ns: dict[str, Any], seed: int) -> dict[str, Any]:
     make = need(ns, "make_callbacks", "define `make_callbacks(dirpath, patience=3, min_delta=1e-3)`")
-    load_best = need(ns, "load_best", "define `load_best(trainer, cls)` returning a model loaded from the best checkpoint")
+    load_best = need(ns, "load_best",
+                     "define `load_best(trainer, cls)` returning a model loaded from the best checkpoint")
     module = _module(ns, lr=0.05)
     train, val = _loaders(seed)
     quiet = logging.getLogger("lightning.pytorch")
@@ -259,4 +268,249 @@ def fit_and_load_best(ns: dict[str, Any]) -> None:
             hint="load from trainer.checkpoint_callback.best_model_path",
             expected=f"weights of {seen['best_name']}",
             got=f"{len(wrong)} tensor(s) differ, e.g. {wrong[0]}",
+        )
+
+
+# ------------------------------------------------------------------ 12.4: what a run reports
+
+
+def _stop_inputs(seed: int) -> tuple[int, float, float, list[float], list[float]]:
+    """patience, min_delta, target and two val_loss sequences, all different in every grading run.
+
+    The first sequence falls below ``target`` before patience can run out (stopping_threshold decides); the second
+    never reaches it and keeps improving by less than ``min_delta`` (patience, counted with min_delta, decides).
+    """
+    rng = torch.Generator().manual_seed(seed)
+    patience = 2 + seed % 3
+    min_delta = round(0.01 + seed % 7 / 200, 3)
+    start = 1.0 + seed % 11 / 10
+    drops = (min_delta * (2 + torch.rand(8, generator=rng))).tolist()
+    falling = [start - sum(drops[:i]) for i in range(9)]
+    target = round(falling[3 + seed % 4] + min_delta / 2, 4)
+    tiny = (min_delta * (0.1 + 0.5 * torch.rand(12, generator=rng))).tolist()
+    creeping = [start - sum(tiny[:i]) for i in range(13)]
+    creeping[1 + seed % 2] -= 2 * min_delta  # one real improvement early on resets the wait
+    return patience, min_delta, target, falling, creeping
+
+
+def reference_stop(values: list[float], patience: int, min_delta: float, target: float) -> int | None:
+    """The check index at which EarlyStopping(mode='min', min_delta, stopping_threshold=target) stops, or None."""
+    best, wait = math.inf, 0
+    for i, value in enumerate(values):
+        if value < target:
+            return i
+        if value + min_delta < best:
+            best, wait = value, 0
+        else:
+            wait += 1
+            if wait >= patience:
+                return i
+    return None
+
+
+def _early_stop(ns: dict[str, Any], patience: int, min_delta: float, target: float,
+                sequences: list[list[float]]) -> Any:
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    make = need(ns, "make_early_stop", "define `make_early_stop(patience, min_delta, target)` returning EarlyStopping")
+    stops: list[int | None] = []
+    es: Any = None
+    for values in sequences:  # a fresh callback per sequence: it keeps its best score and wait count
+        es = call(make, patience, min_delta, target)
+        if not isinstance(es, EarlyStopping):
+            return one_line(es)
+        stops.append(None)
+        for i, value in enumerate(values):  # what Lightning runs after every validation
+            if es._evaluate_stopping_criteria(torch.tensor(value))[0]:
+                stops[-1] = i
+                break
+    threshold = es.stopping_threshold
+    return {"monitor": es.monitor, "mode": es.mode, "patience": es.patience, "min_delta": abs(float(es.min_delta)),
+            "stopping_threshold": None if threshold is None else float(threshold), "stops": stops}
+
+
+@check_for("12", "EarlyStopping: stopping_threshold and min_delta")
+def early_stop_threshold(ns: dict[str, Any]) -> None:
+    patience, min_delta, target, falling, creeping = _stop_inputs(run_seed(ns))
+    seen = observe(ns, _early_stop, patience, min_delta, target, [falling, creeping])
+    if not isinstance(seen, dict):
+        raise CheckFailed("make_early_stop should return an EarlyStopping callback", got=seen)
+    want = {"monitor": MONITOR, "mode": "min", "patience": patience, "min_delta": min_delta,
+            "stopping_threshold": target}
+    got = {k: seen[k] for k in want}
+    if got["monitor"] != MONITOR or got["mode"] != "min" or got["patience"] != patience or any(
+        got[k] is None or abs(got[k] - want[k]) > 1e-9 for k in ("min_delta", "stopping_threshold")
+    ):
+        raise CheckFailed(
+            "EarlyStopping should watch val_loss (lower is better) with this patience and min_delta, and stop as "
+            "soon as val_loss goes below the target",
+            hint="min_delta: the smallest change that counts as an improvement; stopping_threshold: the target",
+            expected=want, got=got,
+        )
+    expected = [reference_stop(v, patience, min_delta, target) for v in (falling, creeping)]
+    if seen["stops"] != expected:
+        raise CheckFailed(
+            "run through two val_loss sequences, the callback stops at other checks than EarlyStopping with these "
+            "settings should",
+            expected=expected, got=seen["stops"],
+        )
+
+
+def _report_inputs(seed: int) -> tuple[int, int, float]:
+    """Epochs, validation samples (the last batch is smaller) and learning rate of the reporting fit."""
+    return 2 + seed % 2, 13 + seed % 6, round(0.03 + seed % 13 / 200, 3)
+
+
+def _report_data(seed: int, n_val: int) -> tuple[TensorDataset, TensorDataset]:
+    g = torch.Generator().manual_seed(7 + seed)
+    x = torch.randn(32 + n_val, 8, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    return TensorDataset(x[:32], y[:32]), TensorDataset(x[32:], y[32:])
+
+
+# The last reporting fit: (namespace, seed, the learner's two classes, result). Two checks judge one fit; a class
+# redefined in the notebook (a new object) or another seed fits again.
+_REPORT: list[Any] = []
+
+
+def _report_fit(ns: dict[str, Any], seed: int) -> dict[str, Any]:
+    """One tiny fit with a sanity check: the learner's MeteredClassifier and ValLossHistory, observed once."""
+    import lightning as L
+
+    cls = need(ns, "MeteredClassifier", "define `class MeteredClassifier(LitClassifier)` logging val_acc")
+    history_cls = need(ns, "ValLossHistory", "define `class ValLossHistory(Callback)` with a `values` list")
+    if _REPORT and _REPORT[0] is ns and _REPORT[1] == seed and _REPORT[2] is cls and _REPORT[3] is history_cls:
+        return _REPORT[4]
+    epochs, n_val, lr = _report_inputs(seed)
+    train, val = _report_data(seed, n_val)
+    torch.manual_seed(seed)
+    module = call(cls, lr=lr)
+    history = call(history_cls)
+    quiet = logging.getLogger("lightning.pytorch")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = L.Trainer(max_epochs=epochs, limit_train_batches=2, num_sanity_val_steps=1,
+                                accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                                enable_model_summary=False, enable_checkpointing=False, callbacks=[history],
+                                default_root_dir=tmp)
+            trainer.fit(module, DataLoader(train, batch_size=8), DataLoader(val, batch_size=8))
+    finally:
+        quiet.setLevel(level)
+    metrics = trainer.callback_metrics
+    result = {"values": [float(v) for v in getattr(history, "values", [])] if isinstance(
+        getattr(history, "values", None), list) else one_line(getattr(history, "values", None)),
+        "val_acc": float(metrics["val_acc"]) if "val_acc" in metrics else None,
+        "logged": sorted(metrics),
+        "weights": {k: v.detach().cpu() for k, v in module.net.state_dict().items()}}
+    _REPORT[:] = [ns, seed, cls, history_cls, result]
+    return result
+
+
+def _final_val(seed: int, weights: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """val_loss and accuracy of the final weights over the whole validation set, computed by the grader."""
+    _, n_val, _ = _report_inputs(seed)
+    x, y = _report_data(seed, n_val)[1].tensors
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    net.load_state_dict(weights)
+    with torch.no_grad():
+        logits = net(x)
+    return float(torch.nn.functional.cross_entropy(logits, y)), float((logits.argmax(1) == y).float().mean())
+
+
+@check_for("12", "history of val_loss from callback_metrics, sanity check excluded")
+def val_history(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    seen = observe(ns, _report_fit, seed)
+    epochs = _report_inputs(seed)[0]
+    values = seen["values"]
+    if not isinstance(values, list) or len(values) != epochs:
+        raise CheckFailed(
+            f"a {epochs}-epoch fit with a one-batch sanity check should leave one val_loss per epoch in "
+            "ValLossHistory.values: the sanity check validates untrained weights on a batch or two and is no result",
+            hint="skip when trainer.sanity_checking; read trainer.callback_metrics['val_loss'] in on_validation_end",
+            expected=f"{epochs} values", got=values if not isinstance(values, list) else f"{len(values)}: {values}",
+        )
+    want, _ = _final_val(seed, seen["weights"])
+    if abs(values[-1] - want) > 1e-4:
+        raise CheckFailed(
+            "the last recorded value is not the final validation's val_loss over the whole validation set",
+            hint="append float(trainer.callback_metrics['val_loss']) in on_validation_end (EarlyStopping reads it)",
+            expected=round(want, 5), got=[round(v, 5) for v in values],
+        )
+
+
+@check_for("12", "val_acc logged as a TorchMetrics object over the whole validation set")
+def val_accuracy(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    seen = observe(ns, _report_fit, seed)
+    if seen["val_acc"] is None:
+        raise CheckFailed("MeteredClassifier logged no 'val_acc'", hint="self.log('val_acc', self.val_acc)",
+                          got=seen["logged"])
+    _, want = _final_val(seed, seen["weights"])
+    if abs(seen["val_acc"] - want) > 1e-5:
+        raise CheckFailed(
+            "val_acc should be the share of correct predictions over the whole last validation: not macro-averaged, "
+            "not mixed with training batches (one metric object per stage), not carried over from earlier "
+            "validations (reset after compute)",
+            hint="self.val_acc = torchmetrics.Accuracy(task='multiclass', num_classes=n_classes); in validation_step "
+            "self.val_acc(logits, y); self.log('val_acc', self.val_acc)",
+            expected=round(want, 5), got=round(seen["val_acc"], 5),
+        )
+
+
+def _dev_run(ns: dict[str, Any], n_batches: int, seed: int) -> dict[str, Any]:
+    wiring = need(ns, "wiring_check", "define `wiring_check(module, train_loader, val_loader, n_batches)`")
+    base = need(ns, "ClassifierBase", "run the set-up cell (it defines ClassifierBase)")
+
+    class Counting(base):
+        """Counts the steps Lightning runs, sanity validation apart."""
+
+        def __init__(self) -> None:
+            super().__init__(lr=0.05)
+            self.seen = {"train": 0, "val": 0, "sanity": 0}
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self.seen["train"] += 1
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> Any:
+            self.seen["sanity" if self.trainer.sanity_checking else "val"] += 1
+            return super().validation_step(batch, batch_idx)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    train, val = _report_data(seed, 24)
+    module = Counting()
+    here = os.getcwd()
+    quiet = logging.getLogger("lightning.pytorch")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        os.chdir(tmp)  # whatever the trainer writes by default lands here, not in the learner's folder
+        try:
+            trainer = call(wiring, module, DataLoader(train, batch_size=4), DataLoader(val, batch_size=4), n_batches)
+        finally:
+            os.chdir(here)
+            quiet.setLevel(level)
+        written = sorted(str(p.relative_to(tmp)) for p in Path(tmp).rglob("*") if p.is_file())
+    return {"seen": module.seen, "fast_dev_run": one_line(getattr(trainer, "fast_dev_run", None)), "written": written}
+
+
+@check_for("12", "fast_dev_run: n batches of each, no sanity check, nothing written")
+def dev_run(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    n_batches = 2 + seed % 3
+    seen = observe(ns, _dev_run, n_batches, seed)
+    want = {"train": n_batches, "val": n_batches, "sanity": 0}
+    if seen["seen"] != want or seen["written"]:
+        raise CheckFailed(
+            f"a wiring check should run exactly {n_batches} training and {n_batches} validation batches, skip the "
+            "sanity check and write no checkpoints or logs: it proves the code runs end to end, not that it learns",
+            hint="L.Trainer(fast_dev_run=n_batches, ...).fit(module, train_loader, val_loader); return the trainer",
+            expected={**want, "files written": []}, got={**seen["seen"], "files written": seen["written"][:3]},
         )
