@@ -153,7 +153,6 @@ WRONG: list[tuple[str, str, str, str]] = [
         def verdict(data_s, compute_s):
             return "input-bound" if data_s > compute_s else "compute-bound"
         """, "verdict"),
-    # 03: tests/test_variants_ex03.py
     ("02", "collate pads at the front", """
         def pad_collate(batch):
             seqs = [seq for seq, _ in batch]
@@ -278,41 +277,7 @@ WRONG: list[tuple[str, str, str, str]] = [
             return chosen, rows
         """, "log"),
     # ---------------------------------------------------------------- 03
-    ("03", "compile counting without torch._dynamo.reset()", """
-        def count_compiles(model, inputs):
-            graphs = 0
-            def backend(gm, example_inputs):
-                nonlocal graphs
-                graphs += 1
-                return gm.forward
-            compiled = torch.compile(model, backend=backend)
-            for x in inputs:
-                compiled(x)
-            return graphs
-        """, "recompilations"),
-    ("03", "mean instead of median", """
-        def steady_state(times, warmup):
-            if not 0 <= warmup < len(times):
-                raise ValueError("warmup leaves nothing to measure")
-            return statistics.mean(times[warmup:])
-        """, "steady state"),
-    ("03", "speedup upside down", """
-        def speedup(baseline_times, new_times, warmup):
-            return steady_state(new_times, warmup) / steady_state(baseline_times, warmup)
-        """, "speedup"),
-    ("03", "mode passed positionally (a TypeError in torch.compile)", """
-        def compile_model(model, mode="default", backend="inductor"):
-            return torch.compile(model, mode, backend=backend)
-        """, "keyword"),
-    ("03", "TF32 through the CUDA flag only, nothing returned", """
-        def set_tf32(enabled):
-            torch.backends.cuda.matmul.allow_tf32 = enabled
-        """, "TF32"),
-    ("03", "slow steps against the mean", """
-        def slow_steps(times, factor=3.0):
-            mean = statistics.mean(times)
-            return [i for i, t in enumerate(times) if t > factor * mean]
-        """, "slow steps"),
+    # ---------------------------------------------------------------- 03: tests/test_variants_ex03.py
     # ---------------------------------------------------------------- 04
     ("04", "shape test never tries a batch of one", """
         def test_shapes(impl):
@@ -859,16 +824,6 @@ RIGHT: list[tuple[str, str, str]] = [
             sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
             return DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch_size, drop_last=True),
                               collate_fn=pad_collate)
-        """),
-    ("03", "count_compiles with torch._dynamo's CompileCounter", """
-        def count_compiles(model, inputs):
-            from torch._dynamo.testing import CompileCounter
-            torch._dynamo.reset()
-            counter = CompileCounter()
-            compiled = torch.compile(model, backend=counter)
-            for x in inputs:
-                compiled(x)
-            return counter.frame_count
         """),
     ("06", "param groups in the other order, no-decay first", """
         def param_groups(model, wd):

@@ -174,3 +174,14 @@ def test_inputs_follow_the_run_seed() -> None:
     assert _break_even_cases(1) != _break_even_cases(2)
     first, second = _break_inputs(1), _break_inputs(2)
     assert first[0][0].shape != second[0][0].shape or not torch.equal(first[0][0], second[0][0])
+
+
+def test_every_input_follows_the_run_seed() -> None:
+    """Timings, TF32 calls, step times and input shapes differ between consecutive grading runs."""
+    from course_lib.grading.checks import ex03_compile_tf32 as ex03
+
+    for seed in range(6):
+        for inputs in (ex03._steady_times, ex03._speedup_times, ex03._tf32_calls, ex03._step_times, ex03._batches):
+            assert inputs(seed) != inputs(seed + 1), inputs.__name__
+        start, calls = ex03._tf32_calls(seed)
+        assert start in ex03._PRECISIONS and True in calls and False in calls

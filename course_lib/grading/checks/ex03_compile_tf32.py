@@ -16,7 +16,18 @@ def _close(a: Any, b: float) -> bool:
     return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
-_TIMES = [9.0, 2.0, 0.21, 0.2, 0.23, 0.19, 0.2, 1.5]
+def _uniform(seed: int, n: int) -> list[float]:
+    """``n`` numbers in [0, 1) drawn from ``seed`` (not from the global random state)."""
+    return torch.rand(n, generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _steady_times(seed: int) -> tuple[list[float], int]:
+    """This run's step times and warm-up: slow warm-up steps, a steady state, and a late hiccup."""
+    warmup, steady = 2 + seed % 3, 5 + seed % 4
+    u = _uniform(seed, warmup + steady + 1)
+    times = [round(9.0 * (warmup - i) * (1 + u[i]), 6) for i in range(warmup)]
+    times += [round(0.2 * (0.9 + 0.2 * u[warmup + i]), 6) for i in range(steady)]
+    return times + [round(1.5 + u[-1], 6)], warmup
 
 
 def _outcome(fn: Any, *args: Any) -> str:
@@ -27,26 +38,27 @@ def _outcome(fn: Any, *args: Any) -> str:
         return type(exc).__name__
 
 
-def _steady(ns: dict[str, Any]) -> dict[str, Any]:
+def _steady(ns: dict[str, Any], times: list[float], warmup: int) -> dict[str, Any]:
     fn = need(ns, "steady_state", "define `steady_state(times, warmup)` in the exercise cell")
-    got = call(fn, list(_TIMES), 2)
+    got = call(fn, list(times), warmup)
     return {"got": got if isinstance(got, (int, float)) else one_line(got),
-            "bad": [_outcome(fn, list(_TIMES), bad) for bad in (-1, len(_TIMES), len(_TIMES) + 3)]}
+            "bad": [_outcome(fn, list(times), bad) for bad in (-1, len(times), len(times) + 3)]}
 
 
 @check_for("03", "steady state drops the warm-up")
 def steady_state_check(ns: dict[str, Any]) -> None:
-    seen = observe(ns, _steady)
-    times = _TIMES
-    expected = statistics.median(times[2:])
+    times, warmup = _steady_times(run_seed(ns))
+    seen = observe(ns, _steady, times, warmup)
+    expected = statistics.median(times[warmup:])
     got = seen["got"]
     if not _close(got, expected):
         hint = "use the median of the steps after the first `warmup` ones (a late hiccup should not move it)"
         if _close(got, statistics.mean(times)) or _close(got, statistics.median(times)):
             hint = "drop the first `warmup` steps: they include compilation and cache warm-up"
-        elif _close(got, statistics.mean(times[2:])):
-            hint = "the mean is pulled by the late 1.5 s hiccup: use the median"
-        raise CheckFailed("steady-state step time is off", hint=hint, expected=expected, got=got)
+        elif _close(got, statistics.mean(times[warmup:])):
+            hint = f"the mean is pulled by the late {times[-1]:.2f} s hiccup: use the median"
+        raise CheckFailed(f"steady-state step time is off (warmup={warmup}, {len(times)} times)", hint=hint,
+                          expected=expected, got=got)
     for bad, outcome in zip((-1, len(times), len(times) + 3), seen["bad"]):
         if outcome != "ValueError":
             raise CheckFailed(f"steady_state(times, warmup={bad}) with {len(times)} times should raise ValueError",
@@ -54,25 +66,32 @@ def steady_state_check(ns: dict[str, Any]) -> None:
                               got=outcome)
 
 
-_EAGER = [0.5, 0.31, 0.3, 0.3, 0.29, 0.3]
-_COMPILED = [40.0, 0.12, 0.1, 0.1, 0.11, 0.1]
+def _speedup_times(seed: int) -> tuple[list[float], list[float], int]:
+    """This run's eager and compiled step times (warm-up steps first) and the warm-up."""
+    warmup, n = 1 + seed % 2, 6 + seed % 3
+    u = _uniform(seed + 1, 2 * n)
+    eager = [round((0.5 if i < warmup else 0.3) * (0.95 + 0.1 * u[i]), 6) for i in range(n)]
+    compiled = [round((40.0 if i < warmup else 0.1 * (1 + 0.5 * (seed % 4))) * (0.95 + 0.1 * u[n + i]), 6)
+                for i in range(n)]
+    return eager, compiled, warmup
 
 
-def _speedup(ns: dict[str, Any]) -> Any:
+def _speedup(ns: dict[str, Any], eager: list[float], compiled: list[float], warmup: int) -> Any:
     fn = need(ns, "speedup", "define `speedup(baseline_times, new_times, warmup)` in the exercise cell")
-    got = call(fn, list(_EAGER), list(_COMPILED), 1)
+    got = call(fn, list(eager), list(compiled), warmup)
     return got if isinstance(got, (int, float)) else one_line(got)
 
 
 @check_for("03", "speedup is a ratio of steady states")
 def speedup_check(ns: dict[str, Any]) -> None:
-    got = observe(ns, _speedup)
-    expected = statistics.median(_EAGER[1:]) / statistics.median(_COMPILED[1:])
+    eager, compiled, warmup = _speedup_times(run_seed(ns))
+    got = observe(ns, _speedup, eager, compiled, warmup)
+    expected = statistics.median(eager[warmup:]) / statistics.median(compiled[warmup:])
     if not _close(got, expected):
         hint = "baseline time divided by new time, both measured after the warm-up steps"
-        if isinstance(got, (int, float)) and got < 1:
+        if isinstance(got, (int, float)) and got < 1 < expected:
             hint = "the ratio is upside down, or the compile step is still in the average"
-        raise CheckFailed("speedup is off", hint=hint, expected=expected, got=got)
+        raise CheckFailed(f"speedup is off (warmup={warmup})", hint=hint, expected=expected, got=got)
 
 
 def reference_soft_normalize(x: torch.Tensor, bias: torch.Tensor, max_rms: float = 1.0) -> torch.Tensor:
@@ -118,6 +137,11 @@ def one_graph(ns: dict[str, Any]) -> None:
         raise CheckFailed("torch._dynamo.explain still finds more than one graph", hint=hint,
                           expected="1 graph, 0 breaks",
                           got=f"{seen['graphs']} graph(s), {seen['breaks']} break(s): {'; '.join(seen['reasons'])}")
+    x = _break_inputs(run_seed(ns))[0][0]
+    out = seen["outputs"][0]
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        raise CheckFailed("soft_normalize_one_graph should return a tensor shaped like x", expected=tuple(x.shape),
+                          got=tuple(out.shape) if isinstance(out, torch.Tensor) else out)
 
 
 @check_for("03", "graph break removed: same values as before")
@@ -187,53 +211,90 @@ def break_even(ns: dict[str, Any]) -> None:
             raise CheckFailed(f"break-even call count is off ({case})", hint=hint, expected=expected, got=answer)
 
 
-def _tf32(ns: dict[str, Any]) -> list[Any]:
+_PRECISIONS = ("highest", "high", "medium")
+
+
+def _tf32_calls(seed: int) -> tuple[str, list[bool]]:
+    """This run's starting precision and sequence of ``set_tf32`` arguments (both values, in a seeded order)."""
+    calls = [u < 0.5 for u in _uniform(seed + 2, 3 + seed % 3)]
+    if all(calls) or not any(calls):
+        calls[-1] = not calls[-1]
+    return _PRECISIONS[seed % 3], calls
+
+
+def _tf32(ns: dict[str, Any], start: str, calls: list[bool]) -> list[list[str]]:
+    """For each call: what ``set_tf32`` returned and the precision afterwards."""
     fn = need(ns, "set_tf32", "define `set_tf32(enabled)` in the exercise cell")
     before = torch.get_float32_matmul_precision()
     try:
-        torch.set_float32_matmul_precision("highest")
-        first = one_line(call(fn, True))
-        after_first = torch.get_float32_matmul_precision()
-        second = one_line(call(fn, False))
-        return [first, after_first, second, torch.get_float32_matmul_precision()]
+        torch.set_float32_matmul_precision(start)
+        seen = []
+        for enabled in calls:
+            returned = one_line(call(fn, enabled))
+            seen.append([returned, torch.get_float32_matmul_precision()])
+        return seen
     finally:
         torch.set_float32_matmul_precision(before)
 
 
 @check_for("03", "TF32 toggled through matmul precision")
 def tf32_toggle(ns: dict[str, Any]) -> None:
-    previous, now, previous2, now2 = observe(ns, _tf32)
-    if now != "high":
-        raise CheckFailed("set_tf32(True) should allow TF32 for float32 matmuls",
-                          hint="torch.set_float32_matmul_precision('high')", expected="high", got=now)
-    if previous != repr("highest"):
-        raise CheckFailed("return the previous precision so the caller can restore it",
-                          expected=repr("highest"), got=previous)
-    if now2 != "highest" or previous2 != repr("high"):
-        raise CheckFailed("set_tf32(False) should restore full float32 matmuls and return the previous setting",
-                          expected=("highest", repr("high")), got=(now2, previous2))
+    start, calls = _tf32_calls(run_seed(ns))
+    seen = observe(ns, _tf32, start, calls)
+    if len(seen) != len(calls):
+        raise CheckFailed("the observations do not match this run's calls", expected=len(calls), got=len(seen))
+    state = start
+    for i, (enabled, (returned, now)) in enumerate(zip(calls, seen)):
+        where = f"call {i + 1} of {calls} starting from {start!r}"
+        if enabled and now != "high":
+            raise CheckFailed(f"set_tf32(True) should allow TF32 for float32 matmuls ({where})",
+                              hint="torch.set_float32_matmul_precision('high')", expected="high", got=now)
+        if not enabled and now != "highest":
+            raise CheckFailed(f"set_tf32(False) should restore full float32 matmuls ({where})",
+                              hint="torch.set_float32_matmul_precision('highest')", expected="highest", got=now)
+        if returned != repr(state):
+            raise CheckFailed(f"return the previous precision so the caller can restore it ({where})",
+                              hint="read torch.get_float32_matmul_precision() before changing it",
+                              expected=repr(state), got=returned)
+        state = now
 
 
-_STEP_TIMES = [7.0, 0.1, 0.11, 0.1, 0.1, 2.5, 0.1, 0.12, 0.1, 0.31]
+def _step_times(seed: int) -> tuple[list[float], float]:
+    """This run's step times (a compilation first, a recompilation at a seeded step, a step just under 3x the
+    median at the end) and a large factor that only the compilation exceeds."""
+    n, spike = 9 + seed % 4, 2 + seed % 5
+    u = _uniform(seed + 3, n + 3)
+    base = 0.1 * (1 + u[0])
+    times = [round(base * (0.9 + 0.2 * u[1 + i]), 6) for i in range(n)]
+    times[0] = round(base * (80 + 40 * u[-1]), 6)
+    times[spike] = round(base * (10 + 4 * u[-2]), 6)
+    times[-1] = round(base * (2.0 + 0.5 * u[-3]), 6)
+    return times, round(30.0 + 20 * u[-3], 3)
 
 
-def _slow(ns: dict[str, Any]) -> list[Any]:
+def _expected_slow(times: list[float], factor: float) -> list[int]:
+    limit = factor * statistics.median(times)
+    return [i for i, t in enumerate(times) if t > limit]
+
+
+def _slow(ns: dict[str, Any], times: list[float], factor: float) -> list[Any]:
     fn = need(ns, "slow_steps", "define `slow_steps(times, factor=3.0)` in the exercise cell")
     as_list = lambda got: list(got) if isinstance(got, (list, tuple)) else one_line(got)  # noqa: E731
-    return [as_list(call(fn, list(_STEP_TIMES))), as_list(call(fn, list(_STEP_TIMES), factor=50.0))]
+    return [as_list(call(fn, list(times))), as_list(call(fn, list(times), factor=factor))]
 
 
 @check_for("03", "slow steps found relative to the median")
 def slow_steps_check(ns: dict[str, Any]) -> None:
-    got, got_factor = observe(ns, _slow)
-    median = statistics.median(_STEP_TIMES)
-    expected = [i for i, t in enumerate(_STEP_TIMES) if t > 3.0 * median]
+    times, factor = _step_times(run_seed(ns))
+    got, got_factor = observe(ns, _slow, times, factor)
+    expected = _expected_slow(times, 3.0)
     if got != expected:
         raise CheckFailed("the slow steps (compilation, recompilation) are the ones over factor x the median",
                           hint="compare with the median, not the mean: the stalls themselves inflate the mean",
                           expected=expected, got=got)
-    if got_factor != [0]:
-        raise CheckFailed("honour the factor argument", expected=[0], got=got_factor)
+    expected = _expected_slow(times, factor)
+    if got_factor != expected:
+        raise CheckFailed(f"honour the factor argument (factor={factor})", expected=expected, got=got_factor)
 
 
 def _recompile_model() -> torch.nn.Module:
@@ -241,12 +302,17 @@ def _recompile_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
 
 
-_BATCHES = ([4, 4, 4], [4, 4, 9, 9, 2])
+def _batches(seed: int) -> list[list[tuple[int, ...]]]:
+    """This run's input shapes: one batch size repeated, then batch sizes that change, for a seeded number of
+    input ranks (a batch of vectors, of sequences, ...): each new rank is one more graph."""
+    b, c = 2 + seed % 5, 8 + seed % 3
+    changing = [(size,) + (2,) * extra + (5,) for extra in range(1 + seed % 3) for size in (b, c)]
+    return [[(b, 5)] * 3, changing]
 
 
-def _inputs(sizes: list[int]) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(len(sizes))
-    return [torch.randn(b, 5, generator=g) for b in sizes]
+def _inputs(shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(len(shapes))
+    return [torch.randn(*shape, generator=g) for shape in shapes]
 
 
 def _reference_compiles(model: torch.nn.Module, inputs: list[torch.Tensor]) -> int:
@@ -265,28 +331,30 @@ def _reference_compiles(model: torch.nn.Module, inputs: list[torch.Tensor]) -> i
     return graphs
 
 
-def _compile_counts(ns: dict[str, Any]) -> list[Any]:
+def _compile_counts(ns: dict[str, Any], batches: list[list[tuple[int, ...]]]) -> list[Any]:
     fn = need(ns, "count_compiles", "define `count_compiles(model, inputs)` in the exercise cell")
     model = _recompile_model()
     # Each batch pattern is counted twice in a row, with no reset in between: the second count must not
     # depend on what the first one left in dynamo's cache.
-    counts = [one_line(call(fn, model, _inputs(sizes))) for sizes in _BATCHES for _ in range(2)]
+    counts = [one_line(call(fn, model, _inputs(shapes))) for shapes in batches for _ in range(2)]
     torch._dynamo.reset()
     return counts
 
 
 @check_for("03", "recompilations counted when the batch changes")
 def recompile_count(ns: dict[str, Any]) -> None:
-    counts = observe(ns, _compile_counts)
-    for i, sizes in enumerate(_BATCHES):
-        expected = _reference_compiles(_recompile_model(), _inputs(sizes))
+    batches = _batches(run_seed(ns))
+    counts = observe(ns, _compile_counts, batches)
+    for i, shapes in enumerate(batches):
+        sizes = ", ".join("x".join(map(str, shape)) for shape in shapes)
+        expected = _reference_compiles(_recompile_model(), _inputs(shapes))
         first, again = counts[2 * i], counts[2 * i + 1]
         if first != repr(expected):
             hint = "compile with a backend that counts its calls (one call = one graph compiled)"
-            raise CheckFailed(f"compiled graphs for batch sizes {sizes} differ", hint=hint, expected=expected,
+            raise CheckFailed(f"compiled graphs for input shapes {sizes} differ", hint=hint, expected=expected,
                               got=first)
         if again != repr(expected):
-            raise CheckFailed(f"counting batch sizes {sizes} a second time gave another number: graphs cached by the "
+            raise CheckFailed(f"counting input shapes {sizes} a second time gave another number: graphs cached by the "
                               "first call were not compiled again", hint="start count_compiles with "
                               "torch._dynamo.reset() so every count starts from an empty cache",
                               expected=expected, got=again)

@@ -127,11 +127,13 @@ def past_end(ns: dict[str, Any]) -> None:
 
 @check_for("05", "pure function of the step (exact resume)", points=1)
 def pure(ns: dict[str, Any]) -> None:
-    in_order = observe(ns, _values, 2e-3, 5, 50)
+    seed = run_seed(ns)
+    lr, warmup, total = _peak(ns, 2e-3), 3 + seed % 5, 40 + seed % 23
+    in_order = observe(ns, _values, lr, warmup, total)
     # A resumed run asks for step 30 first, without having seen steps 0..29: the answer must not change.
-    shuffled = observe(ns, _values, 2e-3, 5, 50, order_seed=7)
-    changed = [s for s in range(51) if shuffled["values"][s] != in_order["values"][s]]
-    if changed or shuffled["cfg_after"] != [2e-3, 5, 50] or in_order["cfg_after"] != [2e-3, 5, 50]:
+    shuffled = observe(ns, _values, lr, warmup, total, order_seed=seed)
+    changed = [s for s in range(total + 1) if shuffled["values"][s:s + 1] != in_order["values"][s:s + 1]]
+    if changed or shuffled["cfg_after"] != [lr, warmup, total] or in_order["cfg_after"] != [lr, warmup, total]:
         raise CheckFailed(
             "lr_at gave different answers for the same step depending on what was asked before (or changed cfg): "
             "a resumed run would not continue the same schedule",

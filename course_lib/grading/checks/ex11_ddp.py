@@ -11,6 +11,7 @@ global batches (:func:`course_lib.ddp_demo.one_process_reference`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -106,9 +107,21 @@ def set_epoch_used(ns: dict[str, Any]) -> None:
                               expected=expected, got=epochs[1])
 
 
+def _trained_from_this_run(cfg: dict[str, Any], params: torch.Tensor, what: str) -> None:
+    """``params`` must be this run's model (``make_model(cfg["seed"])``) after a few small steps: independent
+    initial weights are about as far apart as the weights are large, a short training run moves them far less."""
+    start = ddp_demo.flat_parameters(ddp_demo.make_model(cfg["seed"]))
+    if params.shape != start.shape or (params - start).norm() > 0.5 * start.norm():
+        raise CheckFailed(f"{what} are not this run's model trained for a few steps",
+                          hint="train the `model` passed to ddp_train (built from cfg['seed'] on every rank)",
+                          expected=f"{start.numel()} weights near make_model({cfg['seed']})'s",
+                          got=f"{params.numel()} weights" if params.shape != start.shape else
+                          f"{(params - start).norm().item():.3g} away from them")
+
+
 @check_for("11", "replicas identical after training", points=1)
 def replicas_identical(ns: dict[str, Any]) -> None:
-    _, run = _ranks(ns)
+    cfg, run = _ranks(ns)
     a, b = (r["params"] for r in run["ranks"])
     if a.shape != b.shape or not torch.allclose(a, b, rtol=0, atol=1e-6):
         gap = (a - b).abs().max().item() if a.shape == b.shape else "different shapes"
@@ -118,6 +131,7 @@ def replicas_identical(ns: dict[str, Any]) -> None:
                  "micro-batch of each accumulation group run outside no_sync()",
             got=f"largest difference {gap}",
         )
+    _trained_from_this_run(cfg, a, "the replicas' weights")
 
 
 def _global_batches(cfg: dict[str, Any], run: dict[str, Any]) -> list[list[int]]:
@@ -173,7 +187,7 @@ def one_allreduce_per_step(ns: dict[str, Any]) -> None:
 
 @check_for("11", "only rank 0 saves, atomically", points=1)
 def rank0_saves(ns: dict[str, Any]) -> None:
-    _, run = _ranks(ns)
+    cfg, run = _ranks(ns)
     others = {r["rank"]: r["saves"] for r in run["ranks"] if r["rank"] != 0 and r["saves"]}
     if others:
         raise CheckFailed("ranks other than 0 wrote files: N processes writing one checkpoint race and corrupt "
@@ -191,25 +205,37 @@ def rank0_saves(ns: dict[str, Any]) -> None:
                                                                               run["ranks"][0]["params"]):
         raise CheckFailed(f"{CHECKPOINT} does not hold the trained weights",
                           hint="save model.module.state_dict() after the last step (module: the model inside DDP)")
+    _trained_from_this_run(cfg, checkpoint, f"the weights in {CHECKPOINT}")
 
 
-_SETUPS = ((24, 3, 1), (16, 8, 2), (5, 1, 7))
+def _setups(seed: int) -> list[tuple[int, int, int]]:
+    """This run's (per-device batch, processes, accumulation steps): one plain, one of each kind of scaling."""
+    return [(8 + seed % 29, 1 + seed % 3, 1), (2 + seed % 17, 2 + seed % 7, 2 + seed % 5),
+            (1 + seed % 5, 3, 4 + seed % 3)]
+
+
+def _base(seed: int) -> tuple[float, int]:
+    """The LR this run's model was tuned at, and the batch it was tuned at."""
+    return round(1e-3 * (1 + seed % 19), 9), 16 * (1 + seed % 4)
 
 
 def _plain(value: Any) -> Any:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else one_line(value)
 
 
-def _batches_and_lrs(ns: dict[str, Any]) -> list[list[Any]]:
+def _batches_and_lrs(ns: dict[str, Any], setups: list[tuple[int, int, int]], base_lr: float,
+                     base_batch: int) -> list[list[Any]]:
     eff = need(ns, "effective_batch", "define `effective_batch(per_device_batch, world_size, accum=1)`")
     lr = need(ns, "scaled_lr", "define `scaled_lr(base_lr, base_batch, per_device_batch, world_size, accum=1)`")
-    return [[_plain(call(eff, per_device, world, accum)), _plain(call(lr, 2e-3, 32, per_device, world, accum))]
-            for per_device, world, accum in _SETUPS]
+    return [[_plain(call(eff, per_device, world, accum)),
+             _plain(call(lr, base_lr, base_batch, per_device, world, accum))] for per_device, world, accum in setups]
 
 
 @check_for("11", "effective batch and linear LR scaling", points=1)
 def batch_and_lr(ns: dict[str, Any]) -> None:
-    for (per_device, world, accum), (got, got_lr) in zip(_SETUPS, observe(ns, _batches_and_lrs)):
+    setups, (base_lr, base_batch) = _setups(run_seed(ns)), _base(run_seed(ns))
+    for (per_device, world, accum), (got, got_lr) in zip(setups, observe(ns, _batches_and_lrs, setups, base_lr,
+                                                                          base_batch)):
         want = per_device * world * accum
         if got != want:
             raise CheckFailed(
@@ -218,10 +244,10 @@ def batch_and_lr(ns: dict[str, Any]) -> None:
                 expected=want,
                 got=got,
             )
-        expected_lr = reference_scaled_lr(2e-3, 32, want, "linear")
-        if not isinstance(got_lr, (int, float)) or abs(got_lr - expected_lr) > 1e-12:
+        expected_lr = reference_scaled_lr(base_lr, base_batch, want, "linear")
+        if not isinstance(got_lr, (int, float)) or not math.isclose(got_lr, expected_lr, rel_tol=1e-9, abs_tol=1e-15):
             raise CheckFailed(
-                f"linear rule: an LR tuned at batch 32 scaled to an effective batch of {want}",
+                f"linear rule: an LR of {base_lr:g} tuned at batch {base_batch} scaled to an effective batch of {want}",
                 hint="base_lr * effective_batch / base_batch",
                 expected=expected_lr,
                 got=got_lr,

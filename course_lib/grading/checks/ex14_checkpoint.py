@@ -145,18 +145,24 @@ def full_run_resumed(ns: Any) -> None:
     _judge_resumed(ns, "full", "everything")
 
 
+def _scaler_stop(ns: Any) -> int:
+    """The step after which the scaler check saves: this run's, at every phase of the growth interval of 3."""
+    return 4 + run_seed(ns) % 4
+
+
 def _scaler_after_load(ns: dict[str, Any], load_with_reference: bool = False) -> dict[str, Any]:
-    """Save after step 4 (mid growth interval), load into fresh objects: the GradScaler's state then."""
+    """Save after a seeded step (every step saves), load into fresh objects: the GradScaler's state then."""
     if load_with_reference:
         save, load = harness.reference_save, harness.reference_load
     else:
         save = need(ns, "save_checkpoint", HOW_SAVE)
         load = need(ns, "load_checkpoint", HOW_LOAD)
-    cfg = harness.HarnessConfig(seed=1000 + run_seed(ns) % 997, steps=8, samples=4, growth_interval=3)
+    cfg = harness.HarnessConfig(seed=1000 + run_seed(ns) % 997, steps=8, samples=4, growth_interval=3,
+                                save_every=1)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "checkpoint.pt"
         try:
-            harness.run(cfg, path, save, load, stop_after=4)
+            harness.run(cfg, path, save, load, stop_after=_scaler_stop(ns))
         except harness.Interrupted:
             pass
         with harness.isolated():
@@ -171,9 +177,10 @@ def scaler_restored(ns: Any) -> None:
     seen = observe(ns, _scaler_after_load)
     expected = _scaler_after_load(ns, load_with_reference=True)
     if seen != expected:
-        raise CheckFailed("after load_checkpoint the GradScaler does not continue where it was saved (after step 4; "
-                          "its scale doubles every 3 overflow-free steps): its scale and growth tracker were not "
-                          "restored", hint="save scaler.state_dict() and restore it with scaler.load_state_dict(...)",
+        raise CheckFailed(f"after load_checkpoint the GradScaler does not continue where it was saved (after step "
+                          f"{_scaler_stop(ns)}; its scale doubles every 3 overflow-free steps): its scale and growth "
+                          "tracker were not restored",
+                          hint="save scaler.state_dict() and restore it with scaler.load_state_dict(...)",
                           expected=expected, got=seen)
 
 
@@ -185,23 +192,39 @@ class _Unpicklable:
         raise RuntimeError("simulated failure while the checkpoint was being written")
 
 
+def _atomic_config(ns: Any) -> tuple[harness.HarnessConfig, int]:
+    """The atomic-write check's run and how many steps it trains before the good save (both from the seed)."""
+    return harness.HarnessConfig(seed=1000 + run_seed(ns) % 997, steps=4, samples=4), 1 + run_seed(ns) % 3
+
+
+def _weights_after(cfg: harness.HarnessConfig, steps: int) -> list[torch.Tensor]:
+    """The model's weights after ``steps`` training steps of ``cfg`` (what the good and the new saves hold)."""
+    with harness.isolated():
+        parts = harness.build(cfg)
+        for _ in range(steps):
+            harness.train_step(parts, cfg.augment)
+        return [p.detach().clone() for p in parts.model.parameters()]
+
+
 def _failing_saves(ns: dict[str, Any]) -> dict[str, Any]:
     """Save a good checkpoint, then two saves that fail mid-write; what does ``load_checkpoint`` find after each?"""
     save = need(ns, "save_checkpoint", HOW_SAVE)
     load = need(ns, "load_checkpoint", HOW_LOAD)
-    cfg = harness.HarnessConfig(seed=1000 + run_seed(ns) % 997, steps=4, samples=4)
+    cfg, good_steps = _atomic_config(ns)
     out: dict[str, Any] = {}
     with harness.isolated(), tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "checkpoint.pt"
         parts = harness.build(cfg)
-        harness.train_step(parts, cfg.augment)
-        call(save, path, step=1, **parts.objects())
+        for _ in range(good_steps):
+            harness.train_step(parts, cfg.augment)
+        call(save, path, step=good_steps, **parts.objects())
         out["good"] = [p.detach().clone() for p in parts.model.parameters()]
         harness.train_step(parts, cfg.augment)  # the state the failing saves try to write
         out["new"] = [p.detach().clone() for p in parts.model.parameters()]
-        failures: list[tuple[str, Callable[[], None]]] = [("serialisation", lambda: _poisoned_save(save, path, parts))]
+        failures: list[tuple[str, Callable[[], None]]] = [("serialisation",
+                                                          lambda: _poisoned_save(save, path, parts, good_steps + 1))]
         if hasattr(signal, "SIGXFSZ") and threading.current_thread() is threading.main_thread():
-            failures.append(("disk full", lambda: _size_limited_save(save, path, parts)))
+            failures.append(("disk full", lambda: _size_limited_save(save, path, parts, good_steps + 1)))
         for name, failing in failures:
             try:
                 failing()
@@ -217,15 +240,15 @@ def _failing_saves(ns: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _poisoned_save(save: Callable[..., Any], path: Path, parts: harness.Parts) -> None:
+def _poisoned_save(save: Callable[..., Any], path: Path, parts: harness.Parts, step: int) -> None:
     parts.optimizer.param_groups[0]["poison"] = _Unpicklable()
     try:
-        save(path, step=2, **parts.objects())
+        save(path, step=step, **parts.objects())
     finally:
         del parts.optimizer.param_groups[0]["poison"]
 
 
-def _size_limited_save(save: Callable[..., Any], path: Path, parts: harness.Parts) -> None:
+def _size_limited_save(save: Callable[..., Any], path: Path, parts: harness.Parts, step: int) -> None:
     """The file system refuses to grow any file past 2 KiB, as a full disk would, during the save."""
     import resource  # POSIX only, like SIGXFSZ (checked by the caller)
 
@@ -233,7 +256,7 @@ def _size_limited_save(save: Callable[..., Any], path: Path, parts: harness.Part
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), no signal
     resource.setrlimit(resource.RLIMIT_FSIZE, (2048, hard))
     try:
-        save(path, step=2, **parts.objects())
+        save(path, step=step, **parts.objects())
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, previous)
@@ -242,6 +265,12 @@ def _size_limited_save(save: Callable[..., Any], path: Path, parts: harness.Part
 @check_for("14", "a save that fails mid-write keeps the previous checkpoint", points=2)
 def atomic_write(ns: Any) -> None:
     seen = observe(ns, _failing_saves)
+    cfg, good_steps = _atomic_config(ns)
+    for key, steps in (("good", good_steps), ("new", good_steps + 1)):
+        if not all(torch.equal(a, b) for a, b in zip(seen[key], _weights_after(cfg, steps))):
+            raise CheckFailed(f"the weights the check trained ({steps} steps of this run) were not recorded: did "
+                              "the exercise cell change the training harness?", expected=f"{key} weights after {steps}"
+                              " steps")
     for name in ("serialisation", "disk full"):
         if name not in seen:
             continue  # the disk-full case needs POSIX and the main thread
@@ -260,8 +289,15 @@ def atomic_write(ns: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------- clear errors
-def _bad_files(ns: dict[str, Any]) -> dict[str, Any]:
-    """Load a missing and a truncated checkpoint: what is raised, and does the model stay untouched?"""
+def _bad_names(ns: Any) -> dict[str, str]:
+    """This run's file names for the missing and the truncated checkpoint (the error must name them)."""
+    tag = run_seed(ns) % 1_000_003
+    return {"missing": f"run{tag}-missing.pt", "truncated": f"run{tag}-truncated.pt"}
+
+
+def _bad_files(ns: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """Load a missing and a truncated (at a seeded length) checkpoint: what is raised, and does the model stay
+    untouched?"""
     save = need(ns, "save_checkpoint", HOW_SAVE)
     load = need(ns, "load_checkpoint", HOW_LOAD)
     cfg = harness.HarnessConfig(seed=1000 + run_seed(ns) % 997, steps=2, samples=4)
@@ -271,24 +307,31 @@ def _bad_files(ns: dict[str, Any]) -> dict[str, Any]:
         parts = harness.build(cfg)
         harness.train_step(parts, cfg.augment)
         call(save, good, step=1, **parts.objects())
-        truncated = Path(folder) / "truncated.pt"
-        truncated.write_bytes(good.read_bytes()[: max(1, os.path.getsize(good) // 2)])
-        for name, path in (("missing", Path(folder) / "missing.pt"), ("truncated", truncated)):
+        truncated = Path(folder) / names["truncated"]
+        keep = (20 + run_seed(ns) % 61) / 100  # 20% to 80% of the file
+        truncated.write_bytes(good.read_bytes()[: max(1, int(os.path.getsize(good) * keep))])
+        for name, path in (("missing", Path(folder) / names["missing"]), ("truncated", truncated)):
             fresh = harness.build(cfg)
             before = [p.detach().clone() for p in fresh.model.parameters()]
             try:
                 step = load(path, **fresh.objects())
                 out[name] = {"raised": None, "returned": repr(step)[:80]}
             except Exception as exc:
-                out[name] = {"raised": type(exc).__name__, "names_file": path.name in str(exc),
-                             "message": str(exc)[:200]}
+                message = str(exc)
+                if path.name in message and len(message) > 400:  # keep the file's name in what is recorded
+                    start = max(0, message.index(path.name) - 200)
+                    message = "..." + message[start:start + 400]
+                out[name] = {"raised": type(exc).__name__, "message": message[:400]}
             out[name]["untouched"] = all(torch.equal(a, b) for a, b in zip(before, fresh.model.parameters()))
     return out
 
 
 @check_for("14", "a missing or truncated checkpoint is a clear error", points=1)
 def clear_errors(ns: Any) -> None:
-    seen = observe(ns, _bad_files)
+    names = _bad_names(ns)
+    seen = observe(ns, _bad_files, names)
+    if sorted(seen) != sorted(names):
+        raise CheckFailed("the observations do not match this run's files", expected=sorted(names), got=sorted(seen))
     for name, got in seen.items():
         if got["raised"] is None:
             raise CheckFailed(f"load_checkpoint of a {name} file returned {got['returned']} instead of raising: a "
@@ -297,11 +340,11 @@ def clear_errors(ns: Any) -> None:
                               expected="an exception naming the file", got=f"returned {got['returned']}")
         if got["raised"] == "NotImplementedError":
             raise CheckFailed(f"not attempted yet: {got['message']}")
-        if not got["names_file"]:
+        if names[name] not in got["message"]:
             raise CheckFailed(f"the error for a {name} checkpoint does not name the file: {got['raised']}: "
                               f"{got['message']}", hint="raise e.g. RuntimeError(f'checkpoint {path} cannot be read "
                               "(truncated or corrupted)') from the original error",
-                              expected="the file name in the message", got=got["message"])
+                              expected=f"the file name {names[name]!r} in the message", got=got["message"])
         if not got["untouched"]:
             raise CheckFailed(f"loading a {name} checkpoint changed the model before failing",
                               hint="read and check the whole file before restoring anything")
