@@ -59,7 +59,8 @@ def test_every_check_passes_on_the_solution(solution: Path, graded: dict) -> Non
     assert not grade.uses_reference, f"{solution.name} calls the reference implementation: {grade.uses_reference}"
     results = grade.results
     assert results, f"{solution.name} has no checks (add course_lib/grading/checks/ex{exercise_number(solution)}_*.py)"
-    failing = [f"{r.name}: {r.message} (hint: {r.hint}; expected {r.expected}, got {r.got})" for r in results if not r.passed]
+    failing = [f"{r.name}: {r.message} (hint: {r.hint}; expected {r.expected}, got {r.got})"
+               for r in results if not r.passed]
     assert not failing, "\n".join(failing)
 
 

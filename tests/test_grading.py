@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 from course_lib.grading import build, notebook
-from course_lib.grading.api import CheckFailed, call, check_for, observe, run_check, Check
+from course_lib.grading.api import Check, CheckFailed, call, check_for, observe, run_check
 from course_lib.grading.grade import main as grade_main
 from course_lib.grading.runner import grade_notebook
 
@@ -139,7 +139,8 @@ def test_run_check_turns_every_ending_into_a_result() -> None:
 
     results = {f.__name__: run_check(Check("90", f.__name__, 1, f, "test"), {}) for f in (stub, wrong, exits, crashes)}
     assert results["stub"].message == "not attempted yet: Exercise 90.1: do it"
-    assert (results["wrong"].hint, results["wrong"].expected, results["wrong"].got) == ("count from zero", "[0, 1]", "[1, 2]")
+    wrong = results["wrong"]
+    assert (wrong.hint, wrong.expected, wrong.got) == ("count from zero", "[0, 1]", "[1, 2]")
     assert "sys.exit(3)" in results["exits"].message
     assert "KeyError" in results["crashes"].message and "(7)" in results["crashes"].message
     assert not any(r.passed for r in results.values())
@@ -210,7 +211,8 @@ def test_grade_a_class_folder(tmp_path: Path, extra: Path) -> None:
     toy_notebook(subs / "dee" / "90_toy.ipynb", double_body="while True: pass")  # a hang fails the notebook
     toy_notebook(subs / "eve" / "90_toy.ipynb", half_body="import os; os._exit(0)")
     # A hostile one deletes what it can reach from its working directory (a temporary one).
-    toy_notebook(subs / "fay" / "90_toy.ipynb", double_body="import shutil; shutil.rmtree('.', ignore_errors=True); return 2 * x")
+    toy_notebook(subs / "fay" / "90_toy.ipynb",
+                 double_body="import shutil; shutil.rmtree('.', ignore_errors=True); return 2 * x")
     out = tmp_path / "grades.csv"
     code = grade_main([str(subs), "--out", str(out), "--exercises", "90", "--extra-tests", str(extra),
                        "--timeout", "40", "--jobs", "3"])

@@ -24,7 +24,6 @@ import torch
 from course_lib.grading import api, sandbox
 from course_lib.grading.api import checks_for
 from course_lib.grading.grade import main as grade_main
-
 from test_grading import TOY_CHECKS, toy_notebook
 
 REPO = Path(__file__).resolve().parents[1]

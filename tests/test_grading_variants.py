@@ -398,7 +398,8 @@ WRONG: list[tuple[str, str, str, str]] = [
     ("08", "optimizer.step() instead of scaler.step()", """
         def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
             x, y = batch
-            with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32,
+                                enabled=amp_dtype is not None):
                 loss = F.cross_entropy(model(x), y)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
@@ -411,7 +412,8 @@ WRONG: list[tuple[str, str, str, str]] = [
     ("08", "clipping before unscale_", """
         def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
             x, y = batch
-            with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32,
+                                enabled=amp_dtype is not None):
                 loss = F.cross_entropy(model(x), y)
             scaler.scale(loss).backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)

@@ -7,6 +7,7 @@ through the grader's own observe -> save -> load -> replay path (see tests/test_
 from __future__ import annotations
 
 import pytest
+
 from test_grading_variants import judge
 
 # Pieces the rows share: the solution's own functions, wrapped.

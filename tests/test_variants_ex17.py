@@ -11,6 +11,7 @@ timings.
 from __future__ import annotations
 
 import pytest
+
 from test_grading_variants import judge
 
 SPEED = "faster than the original"

@@ -4,7 +4,7 @@ How the learner's code crosses the process boundary. The function lives in a not
 kernel (or of the grading worker), which the ``spawn`` start method cannot pickle. So its *source* travels
 instead: :func:`run_ranks` writes the source of the cell that defines it to ``RUN_DIR/cell.py`` and the job to
 ``RUN_DIR/job.json``, then starts one process per rank (:func:`rank_process`, a module-level function, so it works
-with ``spawn``; on Linux ``fork`` is used, which skips importing torch again) with the environment ``torchrun``
+with ``spawn``; on Linux a ``forkserver`` is used, which skips importing torch again) with the environment ``torchrun``
 would give it (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``). Each
 rank (:func:`rank_main`)
 
@@ -83,29 +83,37 @@ def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 
 def start_method() -> str:
-    """``fork`` on Linux (a rank starts in milliseconds: torch is already imported), ``spawn`` elsewhere.
+    """``forkserver`` on Linux, ``spawn`` elsewhere.
 
-    Both run the same code: the cell's *source* is executed afresh in each rank, so nothing depends on what the
-    parent process holds. ``COURSE_DDP_START=spawn`` forces fresh interpreters.
+    The fork server is a clean process started once, with torch and DDP's imports preloaded: each rank forks from
+    it in milliseconds, and never from the grader's own process, which may already run autograd's worker threads
+    (forking those is an error). Every method runs the same code: the cell's *source* is executed afresh in each
+    rank, so nothing depends on what the parent process holds. ``COURSE_DDP_START=spawn`` (or ``fork``) overrides.
     """
-    wanted = os.environ.get("COURSE_DDP_START") or ("fork" if sys.platform.startswith("linux") else "spawn")
+    wanted = os.environ.get("COURSE_DDP_START") or ("forkserver" if sys.platform.startswith("linux") else "spawn")
     if wanted not in multiprocessing.get_all_start_methods():
         raise ValueError(f"COURSE_DDP_START={wanted!r} is not available here; use one of "
                          f"{multiprocessing.get_all_start_methods()}")
     return wanted
 
 
+# What every rank would import on its own (seconds each time): DistributedDataParallel's constructor imports both.
+PRELOAD = ("torch._dynamo", "torch.nn.parallel")
+
+
 def _preload() -> None:
-    """Import once, before forking, what every rank would import on its own (seconds each time)."""
-    for module in ("torch._dynamo", "torch.nn.parallel"):  # DistributedDataParallel's constructor imports both
+    """Import once, before forking, what every rank would import on its own."""
+    for module in PRELOAD:
         importlib.import_module(module)
 
 
 def _start_ranks(run_dir: Path, world_size: int) -> list[BaseProcess]:
     method = start_method()
+    context = multiprocessing.get_context(method)
     if method == "fork":
         _preload()
-    context = multiprocessing.get_context(method)
+    elif method == "forkserver":
+        context.set_forkserver_preload([__name__, *PRELOAD])  # takes effect when the server starts (once)
     port = free_port()
     procs = []
     for rank in range(world_size):
