@@ -325,24 +325,14 @@ def compare_loaders(
 
     Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
     """
-    if (n_batches is None) == (n_samples is None):
-        raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")
-    if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 1):
-        raise ValueError(f"n_samples={n_samples!r} must be an int >= 1.")
-
+    device = torch.device(device)
+    measured = _measurable_configs(configs, n_batches, n_samples, device)
     shrink = 1.0  # set after the warm-up when three rounds would overrun budget_s
 
     def batches_of(cfg: dict[str, Any]) -> int:
         full = n_batches if n_batches is not None else max(1, n_samples // cfg["batch_size"])
         return full if shrink == 1.0 else max(min(2, full), round(full * shrink))
 
-    device = torch.device(device)
-    labels = [c.get("label") for c in configs]
-    if any(not label for label in labels) or len(set(labels)) != len(labels):
-        raise ValueError(f"every config needs a distinct 'label' (the contender's name); got {labels}.")
-    measured = [c for c in configs if not (c.get("pin_memory") and device.type != "cuda")]
-    if len(measured) < 2:
-        raise ValueError(f"compare_loaders needs at least two configs it can measure on {device}; got {labels}.")
     runs: dict[str, list[dict[str, Any]]] = {c["label"]: [] for c in measured}
     bar = None
     if progress:
@@ -368,9 +358,7 @@ def compare_loaders(
             run()
         one_round_s = time.perf_counter() - started
         min_rounds = min(3, rounds)
-        # Unshrunk, the rest takes compare()'s warm-up plus min_rounds rounds, each about one_round_s.
-        if budget_s is not None and one_round_s * (2 + min_rounds) > budget_s:
-            shrink = max(0.1, (budget_s - one_round_s) / (one_round_s * (1 + min_rounds)))
+        shrink = _shrink_to_budget(one_round_s, budget_s, min_rounds)
         samples = {c["label"]: batches_of(c) * c["batch_size"] * c.get("epochs", 1) for c in measured}
         # compare()'s own warm-up call is one more epoch per config; the rows ignore both warm-ups.
         comparison = compare(contenders, rounds=rounds, warmup=1, work=samples, min_round_s=0.0,
@@ -381,6 +369,39 @@ def compare_loaders(
             bar.total = bar.n  # stopped by the budget: the bar ends where the measurement ended
             bar.refresh()
             bar.close()
+    return comparison, _comparison_rows(configs, runs, comparison, batches_of, device)
+
+
+def _measurable_configs(configs: Sequence[dict[str, Any]], n_batches: int | None, n_samples: int | None,
+                        device: torch.device) -> list[dict[str, Any]]:
+    """The configs :func:`compare_loaders` can measure on ``device``; clear errors for bad arguments first."""
+    if (n_batches is None) == (n_samples is None):
+        raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")
+    if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 1):
+        raise ValueError(f"n_samples={n_samples!r} must be an int >= 1.")
+    labels = [c.get("label") for c in configs]
+    if any(not label for label in labels) or len(set(labels)) != len(labels):
+        raise ValueError(f"every config needs a distinct 'label' (the contender's name); got {labels}.")
+    measured = [c for c in configs if not (c.get("pin_memory") and device.type != "cuda")]
+    if len(measured) < 2:
+        raise ValueError(f"compare_loaders needs at least two configs it can measure on {device}; got {labels}.")
+    return measured
+
+
+def _shrink_to_budget(one_round_s: float, budget_s: float | None, min_rounds: int) -> float:
+    """The factor every epoch is shortened by so that the rest of the comparison fits ``budget_s`` (1.0: no need).
+
+    Unshrunk, the rest takes compare()'s warm-up plus ``min_rounds`` rounds, each about ``one_round_s``.
+    """
+    if budget_s is None or one_round_s * (2 + min_rounds) <= budget_s:
+        return 1.0
+    return max(0.1, (budget_s - one_round_s) / (one_round_s * (1 + min_rounds)))
+
+
+def _comparison_rows(configs: Sequence[dict[str, Any]], runs: dict[str, list[dict[str, Any]]],
+                     comparison: Comparison, batches_of: Callable[[dict[str, Any]], int],
+                     device: torch.device) -> list[dict[str, Any]]:
+    """One row per config: its median run, its rate from the comparison, its speed-up over the first measured."""
     rows: list[dict[str, Any]] = []
     base: float | None = None
     for cfg in configs:
@@ -389,15 +410,14 @@ def compare_loaders(
             row.update(samples_per_s=None, speedup=None,
                        skipped=f"pin_memory only speeds up copies to a CUDA GPU; the batches go to {device.type}")
         else:
-            timed = runs[cfg["label"]][2:]  # the first two runs were the warm-ups
-            timed.sort(key=lambda r: r["total_s"])
+            timed = sorted(runs[cfg["label"]][2:], key=lambda r: r["total_s"])  # the first two runs: warm-ups
             m = comparison[cfg["label"]]
             row.update(timed[len(timed) // 2])
             row.update(samples_per_s=m.rate, rounds=len(m.seconds), n_batches=batches_of(cfg), skipped=None)
             base = base if base is not None else m.rate
             row["speedup"] = m.rate / base
         rows.append(row)
-    return comparison, rows
+    return rows
 
 
 __all__ = ["measure_loader", "experiment_order", "loader_sweep", "compare_loaders", "recommend_workers",

@@ -40,7 +40,7 @@ def _converted(ns: dict[str, Any], case: dict[str, int]) -> dict[str, Any]:
         return {"returned": one_line(result)}
     new_model, new_x = result
     seen: dict[str, Any] = {
-        "returned": "ok",
+        "returned": "ok", "case": dict(case),
         "x_shape": list(new_x.shape), "x_layout": layout_of(new_x), "x": new_x,
         "weights": {name: layout_of(p) for name, p in new_model.named_parameters() if p.dim() == 4},
     }
@@ -52,17 +52,20 @@ def _converted(ns: dict[str, Any], case: dict[str, int]) -> dict[str, Any]:
     return seen
 
 
-def _returned(seen: Any) -> dict[str, Any]:
+def _returned(seen: Any, case: dict[str, int]) -> dict[str, Any]:
     if not isinstance(seen, dict) or seen.get("returned") != "ok":
         raise CheckFailed("to_channels_last should return a tuple (model, x)",
                           expected="(model, x)", got=seen.get("returned") if isinstance(seen, dict) else seen)
+    if seen.get("case") != case:
+        raise CheckFailed("the recorded conversion is not of this run's model and batch", expected=case,
+                          got=seen.get("case"))
     return seen
 
 
 @check_for("16", "channels_last: the batch converted, same shape and values", points=1)
 def batch_converted(ns: Any) -> None:
     case = _case(ns)
-    seen = _returned(observe(ns, _converted, case))
+    seen = _returned(observe(ns, _converted, case), case)
     _, x = _model_and_batch(case)
     if seen["x_shape"] != list(x.shape):
         raise CheckFailed("the batch changed shape: channels_last changes the strides, not the shape",
@@ -78,7 +81,8 @@ def batch_converted(ns: Any) -> None:
 
 @check_for("16", "channels_last: the model's convolution weights converted", points=1)
 def weights_converted(ns: Any) -> None:
-    seen = _returned(observe(ns, _converted, _case(ns)))
+    case = _case(ns)
+    seen = _returned(observe(ns, _converted, case), case)
     left = sorted(name for name, layout in seen["weights"].items() if layout != "channels_last")
     if not seen["weights"] or left:
         raise CheckFailed(f"{len(left)} convolution weights are not in channels_last",
@@ -89,7 +93,7 @@ def weights_converted(ns: Any) -> None:
 @check_for("16", "channels_last: the outputs unchanged", points=1)
 def outputs_unchanged(ns: Any) -> None:
     case = _case(ns)
-    seen = _returned(observe(ns, _converted, case))
+    seen = _returned(observe(ns, _converted, case), case)
     model, x = _model_and_batch(case)
     with torch.no_grad():
         want = model(x)
@@ -115,14 +119,23 @@ def _machines(seed: int) -> list[tuple[int, int, int]]:
 
 
 def _learner_threads(ns: dict[str, Any], machines: list[tuple[int, int, int]]) -> list[Any]:
+    """``[cores, workers, busy, answer]`` per machine: the inputs are recorded with the answers."""
     plan = need(ns, "intra_op_threads", "define `intra_op_threads(cores, workers=0, busy=0)`")
-    return [call(plan, c, w, b) for c, w, b in machines]
+    return [[c, w, b, call(plan, c, w, b)] for c, w, b in machines]
+
+
+def _answers(recorded: Any, machines: list[tuple[int, int, int]]) -> list[Any]:
+    """The answers, once the recorded inputs are checked to be this run's machines."""
+    asked = [tuple(row[:3]) for row in recorded] if isinstance(recorded, list) else None
+    if asked != machines:
+        raise CheckFailed("the recorded answers are not for this run's machines", expected=machines, got=asked)
+    return [row[3] for row in recorded]
 
 
 @check_for("16", "threads: the cores the workers and busy processes leave", points=1)
 def threads_left(ns: Any) -> None:
     machines = [m for m in _machines(run_seed(ns)) if m[0] - m[1] - m[2] >= 1]
-    got = observe(ns, _learner_threads, machines)
+    got = _answers(observe(ns, _learner_threads, machines), machines)
     for (c, w, b), value in zip(machines, got):
         want = intra_op_threads(c, w, b)
         if value != want:
@@ -135,7 +148,7 @@ def threads_left(ns: Any) -> None:
 @check_for("16", "threads: never fewer than one", points=1)
 def at_least_one(ns: Any) -> None:
     machines = [m for m in _machines(run_seed(ns)) if m[0] - m[1] - m[2] < 1]
-    got = observe(ns, _learner_threads, machines)
+    got = _answers(observe(ns, _learner_threads, machines), machines)
     for (c, w, b), value in zip(machines, got):
         if value != 1:
             raise CheckFailed(f"intra_op_threads({c}, workers={w}, busy={b}): with no core left the process still "
