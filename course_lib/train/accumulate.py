@@ -95,6 +95,27 @@ def accumulation_groups(n_batches: int, accum: int) -> list[int]:
     return [accum] * full + ([rest] if rest else [])
 
 
+def backward_one(
+    model: nn.Module,
+    batch: Batch,
+    device: torch.device,
+    *,
+    amp_dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward + backward of one batch, no accumulation, one process: what a hand-written loop does, nothing more.
+
+    The mean over the real targets is their sum divided by their count, computed by ``cross_entropy`` itself.
+    Returns ``(the mean loss (detached), the batch's targets)``: counting them is left to whoever needs the count
+    (the training loop does it once per log line, not per step).
+    """
+    x, y = move_batch(batch[:2], device)
+    with autocast(device, amp_dtype):
+        loss = mean_cross_entropy(model(x), y)
+    (scaler.scale(loss) if scaler is not None and scaler.is_enabled() else loss).backward()
+    return loss.detach(), y
+
+
 def backward_group(
     model: nn.Module,
     micro_batches: Sequence[Batch],
@@ -115,14 +136,9 @@ def backward_group(
     """
     device = torch.device(device)
     if len(micro_batches) == 1 and world_size == 1:
-        # No accumulation, one process (the common case): one count, one division, nothing else on the hot path.
-        # The mean over the real targets is the sum divided by their count, computed by cross_entropy itself.
-        x, y = move_batch(micro_batches[0][:2], device)
-        with autocast(device, amp_dtype):
-            loss = mean_cross_entropy(model(x), y)
-        (scaler.scale(loss) if scaler is not None and scaler.is_enabled() else loss).backward()
-        count = count_targets((x, y))
-        return loss.detach() * count, count
+        mean_loss, targets = backward_one(model, micro_batches[0], device, amp_dtype=amp_dtype, scaler=scaler)
+        count = count_targets((None, targets))
+        return mean_loss * count, count
     # 1. Count first: every micro-batch is divided by the count of the WHOLE group. Targets still on the CPU are
     #    counted there (a plain int: no GPU round trip); targets already on the device stay a device tensor.
     counts = [count_targets(b) for b in micro_batches]
