@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
 import random
 import signal
 import sys
@@ -274,11 +275,18 @@ def killed_run(cfg: HarnessConfig, path: str | Path, save: SaveFn, load: LoadFn,
     ``fork``; on macOS a forked child of a process that has used system frameworks may crash).
 
     The save/load functions need not be importable: a forked child inherits them (a notebook's functions work).
+    Importable ones (the reference, a module's) start from a clean fork server instead: forking a process that has
+    already run autograd's worker threads is an error, and a test process usually has.
     """
     if not sys.platform.startswith("linux"):
         return interrupted_run(cfg, path, save, load, kill_after)
     _check_stop(cfg, kill_after)
-    context = multiprocessing.get_context("fork")
+    try:
+        pickle.dumps((save, load))
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])  # takes effect when the server starts (once)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        context = multiprocessing.get_context("fork")
     reader, writer = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(cfg, str(path), save, load, kill_after, writer), daemon=True)
     child.start()
