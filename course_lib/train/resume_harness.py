@@ -269,6 +269,17 @@ def _child(cfg: HarnessConfig, path: str, save: SaveFn, load: LoadFn, kill_after
         os._exit(1)
 
 
+def _importable(fn: Callable[..., Any]) -> bool:
+    """Whether a fresh process can import ``fn`` by name (a notebook's ``__main__`` functions cannot)."""
+    if getattr(fn, "__module__", "__main__") == "__main__":
+        return False
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True
+
+
 def killed_run(cfg: HarnessConfig, path: str | Path, save: SaveFn, load: LoadFn, kill_after: int) -> ResumedRun:
     """Like :func:`interrupted_run`, but the first part runs in a forked child killed with SIGKILL after step
     ``kill_after``; the resumption runs here. Off Linux it falls back to the in-process interrupt (Windows has no
@@ -281,11 +292,10 @@ def killed_run(cfg: HarnessConfig, path: str | Path, save: SaveFn, load: LoadFn,
     if not sys.platform.startswith("linux"):
         return interrupted_run(cfg, path, save, load, kill_after)
     _check_stop(cfg, kill_after)
-    try:
-        pickle.dumps((save, load))
+    if _importable(save) and _importable(load):
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])  # takes effect when the server starts (once)
-    except (pickle.PicklingError, AttributeError, TypeError):
+    else:
         context = multiprocessing.get_context("fork")
     reader, writer = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(cfg, str(path), save, load, kill_after, writer), daemon=True)

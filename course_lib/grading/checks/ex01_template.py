@@ -201,12 +201,15 @@ def _one_thread() -> Iterator[None]:
     """One intra-op thread here and in the training processes started meanwhile: sums then add up in the same order
     in the sandbox and in the grader, so the runs compare exactly whatever the machine's and the grader's threads."""
     threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    precision = torch.get_float32_matmul_precision()
     torch.set_num_threads(1)
+    torch.set_float32_matmul_precision("highest")  # as in a fresh training process, whatever ran here before
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
         yield
     finally:
         torch.set_num_threads(threads)
+        torch.set_float32_matmul_precision(precision)
         if env is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
