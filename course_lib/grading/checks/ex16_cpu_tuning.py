@@ -114,7 +114,9 @@ def _machines(seed: int) -> list[tuple[int, int, int]]:
         w = (seed // 7 + i) % (c // 2 + 1)
         b = (seed // 5 + 2 * i) % 3
         out.append((c, w, b))
-    out += [(2, 2, 0), (4, 3, 2), (1, 0, 0), (cores[seed % len(cores)], 0, 0)]
+    full = cores[(seed // 3) % len(cores)]
+    out += [(2, 2, 0), (4, 3, 2), (1, 0, 0), (cores[seed % len(cores)], 0, 0),
+            (full, full - 1 - seed % 2, 1 + seed % 2)]  # a seeded machine with no core left
     return out
 
 
