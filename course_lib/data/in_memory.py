@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from tqdm.auto import tqdm
 
 from course_lib.data.sampler import aug_seed_for
+from course_lib.progress import tqdm
 
 
 def to_uint8_tensors(dataset, *, size: int, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
-from tqdm.auto import tqdm
 
 from course_lib import mode
+from course_lib.progress import tqdm
 
 CLASS_NAMES: tuple[str, ...] = (
     "circle", "square", "triangle", "star", "cross", "ring", "hexagon", "diamond", "arrow", "crescent",

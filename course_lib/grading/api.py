@@ -46,9 +46,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import pkgutil
 import re
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -60,7 +62,7 @@ import torch
 
 CheckFunc = Callable[[dict[str, Any]], None]
 
-# Exercise number (two digits, "01".."13") -> the checks registered for it, in definition order.
+# Exercise number (two digits) -> the checks registered for it, in definition order.
 _REGISTRY: dict[str, dict[str, Check]] = {}
 
 # Name the runner stores in the learner namespace: cells that raised while loading ([(cell index, message)]).
@@ -105,10 +107,11 @@ class Replay:
     """
 
     def __init__(self, records: list[dict[str, Any]], missing: str = "no observation was recorded",
-                 seed: int = 0) -> None:
+                 seed: int = 0, mode: str | None = None) -> None:
         self.records = list(records)
         self.missing = missing
         self.seed = seed
+        self.mode = mode  # the COURSE_MODE the child observed in (None: this process's own)
         self.position = 0
 
     def take(self, key: str) -> dict[str, Any]:
@@ -236,6 +239,62 @@ def preserved_globals() -> Iterator[None]:
 
 
 _MISSING = object()
+
+# One check runs at a time in a process. Judges draw from torch's, Python's and numpy's global generators, set
+# torch's thread count and read COURSE_MODE: two judges at once (``grade --jobs``) would take each other's draws.
+_ONE_CHECK_AT_A_TIME = threading.RLock()
+
+
+@contextmanager
+def isolated_check(mode: str | None = None, seed: int | None = None) -> Iterator[None]:
+    """Run a check alone, and leave every process-wide setting it may change as it was.
+
+    Held across the whole check: a process-wide lock (judges never overlap), and on exit the global random
+    generators (torch, ``random``, numpy), torch's intra-op thread count, float32 matmul precision, default dtype,
+    grad mode, deterministic-algorithms flag and ``COURSE_MODE`` are put back. With ``seed`` (the grader judging
+    a replay) the check starts from a fixed state, whatever ran in this process before: every generator seeded
+    from the run's seed, one thread, full float32 precision, ``COURSE_MODE=mode``.
+    """
+    import random
+
+    import numpy as np
+
+    with _ONE_CHECK_AT_A_TIME:
+        saved_env = os.environ.get("COURSE_MODE")
+        rng = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        settings = (torch.get_num_threads(), torch.get_float32_matmul_precision(), torch.get_default_dtype(),
+                    torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled())
+        try:
+            if mode is not None:
+                os.environ["COURSE_MODE"] = mode
+            if seed is not None:
+                torch.manual_seed(seed)
+                random.seed(seed)
+                np.random.seed(seed % 2**32)
+                torch.set_num_threads(1)
+                torch.set_float32_matmul_precision("highest")
+                torch.set_default_dtype(torch.float32)
+                torch.set_grad_enabled(True)
+            yield
+        finally:
+            if saved_env is None:
+                os.environ.pop("COURSE_MODE", None)
+            else:
+                os.environ["COURSE_MODE"] = saved_env
+            torch.set_rng_state(rng[0])
+            random.setstate(rng[1])
+            np.random.set_state(rng[2])
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            threads, precision, dtype, grad, deterministic, warn_only = settings
+            if torch.get_num_threads() != threads:  # setting it again is not free: it rebuilds the thread pool
+                torch.set_num_threads(threads)
+            torch.set_float32_matmul_precision(precision)
+            torch.set_default_dtype(dtype)
+            torch.set_grad_enabled(grad)
+            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
 def observe(ns: Mapping[str, Any] | Replay, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -439,11 +498,14 @@ def _learner_frame(exc: BaseException) -> str:
 def run_check(check: Check, ns: dict[str, Any] | Replay) -> CheckResult:
     """Run one check against ``ns`` and turn every way it can end into a :class:`CheckResult`.
 
-    With a :class:`Replay` (the grader) the verdict rests only on the recorded observations.
+    With a :class:`Replay` (the grader) the verdict rests only on the recorded observations. Checks run one at
+    a time and leave the process as they found it (:func:`isolated_check`).
     """
     result = CheckResult(check.exercise, check.name, check.points, passed=False, source=check.source)
+    judging = isinstance(ns, Replay)
     try:
-        check.func(ns)
+        with isolated_check(mode=ns.mode if judging else None, seed=ns.seed if judging else None):
+            check.func(ns)
     except CheckFailed as failed:
         result.message, result.hint = failed.message, failed.hint
         if failed.has_values:

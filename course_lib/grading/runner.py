@@ -198,9 +198,6 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
         return NotebookGrade(number, [_failed(c, str(exc), "open the notebook in Jupyter and save it again")
                                       for c in checks], INVALID)
     uses = reference_uses(nb, number)
-    # Judge in the mode the child observes in (smoke unless COURSE_GRADE_MODE says otherwise): the checks build their
-    # references with the same by_mode sizes as the observed runs.
-    os.environ["COURSE_MODE"] = _grade_mode()
     limits = limits or sandbox.Limits(cpu_s=int(timeout_s * max(1, threads)) + 30)
     workdir = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-"))
     seed = secrets.randbelow(2**31)
@@ -226,7 +223,9 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
                 if returncode is not None:
                     status = ENDED_EARLY
                 continue
-            result = run_check(check, Replay(records, missing=missing, seed=seed))
+            # Judged in the mode the child observed in (smoke unless COURSE_GRADE_MODE says otherwise): the checks
+            # build their references with the same by_mode sizes as the observed runs.
+            result = run_check(check, Replay(records, missing=missing, seed=seed, mode=_grade_mode()))
             results.append(result)
         for result in results:  # name the learner's file, not the temporary copy
             result.message = result.message.replace(str(workdir / "scratch" / Path(path).name), str(path))
@@ -238,7 +237,8 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
 
 def grade_notebooks(notebooks: Mapping[str, Path | None], *, timeout_s: float = DEFAULT_TIMEOUT_S,
                     extra_dirs: Iterable[Path] = (), jobs: int | None = None) -> dict[str, NotebookGrade]:
-    """Grade several notebooks (``{number: path or None}``), ``jobs`` processes at a time."""
+    """Grade several notebooks (``{number: path or None}``), ``jobs`` sandboxed processes at a time (their
+    verdicts are judged one at a time: :func:`~course_lib.grading.api.isolated_check`)."""
     extra = list(extra_dirs)
     for number in notebooks:  # import every check module once, here, before threads start
         checks_for(number, extra)

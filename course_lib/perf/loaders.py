@@ -267,7 +267,7 @@ def loader_sweep(
     rows: list[dict[str, Any]] = []
     iterator: Iterable[dict[str, Any]] = configs
     if progress:
-        from tqdm.auto import tqdm
+        from course_lib.progress import tqdm
 
         iterator = tqdm(configs, desc="loader sweep", unit="config")
     base: float | None = None
@@ -336,7 +336,7 @@ def compare_loaders(
     runs: dict[str, list[dict[str, Any]]] = {c["label"]: [] for c in measured}
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from course_lib.progress import tqdm
 
         bar = tqdm(total=len(measured) * (2 + rounds), desc="loader comparison", unit="run")
 

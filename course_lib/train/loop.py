@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from course_lib.device import resolve_amp_dtype
 from course_lib.distributed import all_reduce_sum, get_rank, get_world_size, unwrap
+from course_lib.progress import tqdm
 from course_lib.train.accumulate import backward_group, backward_one, count_targets
 from course_lib.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint, write_error
 from course_lib.train.compiling import maybe_compile

@@ -45,6 +45,18 @@ def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(10, 7, generator=g), torch.randint(0, 4, (10,), generator=g)
 
 
+def _overflowing(model: _Probe, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch whose scaled gradients are certain to overflow: huge inputs, and labels the model gets wrong.
+
+    With inputs of 1e30 the softmax saturates, so a sample the model already classifies right has a gradient of
+    exactly 0: a batch of only such samples would not overflow at all (one seed in a few hundred drew one).
+    """
+    big = x * 1e30
+    with torch.no_grad():
+        wrong = (model.net(big).argmax(dim=1) + 1) % 4
+    return big, wrong
+
+
 def _reference_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[nn.Module, float]:
     """fp32, no scaler: backward, clip, SGD step. Returns the updated copy and the pre-clip norm."""
     model = copy.deepcopy(model)
@@ -64,7 +76,8 @@ def _run(ns: dict[str, Any], seed: int, amp_dtype: str | None, scaler_kwargs: di
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     dtype = getattr(torch, amp_dtype) if amp_dtype else None
     x, y = _batch(seed)
-    result = call(step, model, (x * 1e30 if big_input else x, y), opt, scaler, torch.device("cpu"), dtype, MAX_NORM)
+    batch = _overflowing(model, x) if big_input else (x, y)
+    result = call(step, model, batch, opt, scaler, torch.device("cpu"), dtype, MAX_NORM)
     if isinstance(result, dict) and {"loss", "grad_norm"} <= set(result):
         shown: Any = {k: float(result[k]) if isinstance(result[k], (int, float, torch.Tensor)) else one_line(result[k])
                       for k in ("loss", "grad_norm")}
@@ -279,7 +292,7 @@ def _accumulated(ns: dict[str, Any], seed: int, overflow: bool) -> dict[str, Any
     opt = CountingSGD(model.parameters(), lr=0.5)
     batches = _micro_batches(seed)
     if overflow:  # one huge micro-batch: its scaled gradients overflow, so the whole group must be skipped
-        batches[1] = (batches[1][0] * 1e30, batches[1][1])
+        batches[1] = _overflowing(model, batches[1][0])
     result = call(fn, model, batches, opt, scaler, torch.device("cpu"), None, MAX_NORM)
     if isinstance(result, dict) and {"loss", "grad_norm"} <= set(result):
         shown: Any = {k: float(result[k]) if isinstance(result[k], (int, float, torch.Tensor)) else one_line(result[k])
