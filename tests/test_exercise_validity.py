@@ -9,7 +9,6 @@ a separate test checks that the committed `exercises/` is exactly what the build
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
