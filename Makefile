@@ -9,7 +9,7 @@ NOTEBOOK_DIR ?= .
 # Two test processes; each file (a notebook, the browser module) stays in one process, in order.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup data lab test doctor clean-notebooks exercises bench gpu-check site cells
+.PHONY: setup data lab test test-fast doctor clean-notebooks exercises bench gpu-check site cells
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ TEST_ENV := COURSE_MODE=smoke COURSE_DATA_DIR=$(CURDIR)/.cache/data COURSE_UNATT
 test: setup
 	$(TEST_ENV) $(PY) -m course_lib data prepare --quiet
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: the library's own tests, without notebooks, kernels, sandboxed graders or browsers (under 90 s).
+test-fast: setup
+	$(TEST_ENV) $(PY) -m course_lib data prepare --quiet
+	$(TEST_ENV) $(PY) -m pytest -n 2 -m "not slow and not browser and not distributed" tests
 
 doctor: setup
 	$(PY) -m course_lib doctor

@@ -15,9 +15,22 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 import pytest  # noqa: E402 - after the environment is set
 
+# Every test in these files starts notebooks, kernels or sandboxed grader processes: ``slow``, so that
+# ``make test-fast`` (``-m "not slow ..."``) keeps the library's own tests for the inner loop; ``make test`` runs all.
+SLOW_FILES = {"test_site.py", "test_exercise_validity.py", "test_grading.py", "test_grading_hostile.py",
+              "test_grading_variants.py", "test_magics.py", "test_resume_harness.py"}
+
+
+def _is_slow_file(path: Path) -> bool:
+    return path.name in SLOW_FILES or path.name.startswith("test_variants_") or path.suffix == ".ipynb"
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` are skipped, with the reason, where no CUDA GPU is visible (they run in gpu-check)."""
+    """Tests in SLOW_FILES are marked ``slow``. Tests marked ``gpu`` are skipped, with the reason, where no CUDA GPU
+    is visible (they run in gpu-check)."""
+    for item in items:
+        if _is_slow_file(Path(str(item.fspath))):
+            item.add_marker(pytest.mark.slow)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

@@ -338,6 +338,10 @@ def check_playground(page, name: str) -> None:
     page.wait_for_function("([el, before]) => el.innerText.trim() !== before",
                            arg=[workers.locator(".widget-readout").element_handle(), before])
     assert workers.locator(".widget-readout").inner_text().strip() == str(int(before) + 1)
+    # The readout changes in the browser at once; enabling prefetch_factor is the kernel's answer to the change (a
+    # round trip that a busy machine delays): wait for it, a hang guard being the only limit.
+    page.wait_for_function("el => el.querySelector('.noUi-target[disabled]') === null",
+                           arg=root.locator(".course-prefetch-factor").element_handle(), timeout=60_000)
     assert root.locator(".course-prefetch-factor .noUi-target[disabled]").count() == 0, \
         "prefetch_factor should be enabled once num_workers > 0"
 

@@ -30,10 +30,16 @@ def test_runs_killed_at_random_points_resume_to_the_uninterrupted_result(tmp_pat
     driver = subprocess.Popen(
         [sys.executable, __file__, str(tmp_path), str(TRIALS), "20261130"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+             "PYTHONFAULTHANDLER": "1"},  # SIGABRT makes every process print its threads' stacks
     )
     try:
+        # A guard against a hang only (the trials take seconds): a hung driver or child prints where it is stuck.
         out, err = driver.communicate(timeout=280)
+    except subprocess.TimeoutExpired:
+        os.killpg(driver.pid, signal.SIGABRT)
+        _, err = driver.communicate(timeout=30)
+        pytest.fail(f"the trials hung; the stacks of the driver and its children:\n{err[-8000:]}")
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)  # the driver and every child it forked

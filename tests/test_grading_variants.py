@@ -12,11 +12,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from course_lib.grading import notebook
-from course_lib.grading.api import CELL_ERRORS, CheckResult
+from course_lib.grading.api import CELL_ERRORS, CheckResult, checks_for
 from course_lib.grading.inprocess import observe_and_judge
 from course_lib.grading.worker import load_namespace
+from variant_tables import ex03, ex11, ex14, ex15, ex16, ex17
 
 REPO = Path(__file__).resolve().parents[1]
 # Exercise 01's rows train (and kill) small runs in subprocesses: slow on a shared machine.
@@ -277,7 +279,7 @@ WRONG: list[tuple[str, str, str, str]] = [
             return chosen, rows
         """, "log"),
     # ---------------------------------------------------------------- 03
-    # ---------------------------------------------------------------- 03: tests/test_variants_ex03.py
+    # ---------------------------------------------------------------- 03: tests/variant_tables/ex03.py
     # ---------------------------------------------------------------- 04
     ("04", "shape test never tries a batch of one", """
         def test_shapes(impl):
@@ -970,16 +972,53 @@ RIGHT: list[tuple[str, str, str]] = [
 ]
 
 
-@pytest.mark.parametrize("number, mistake, code, check", WRONG, ids=[f"{w[0]}-{w[1]}" for w in WRONG])
+# The exercises whose tables live in tests/variant_tables/ (one module each), added to the tables above.
+TABLES = {"03": ex03, "11": ex11, "14": ex14, "15": ex15, "16": ex16, "17": ex17}
+ALL_WRONG = WRONG + [(n, *row) for n, table in TABLES.items() for row in table.WRONG]
+ALL_RIGHT = RIGHT + [(n, *row) for n, table in TABLES.items() for row in table.RIGHT]
+
+
+def judge_row(number: str, code: str, only: str = "") -> dict[str, CheckResult]:
+    return getattr(TABLES.get(number), "judge", judge)(number, code, only)
+
+
+@pytest.mark.parametrize("number, mistake, code, check", ALL_WRONG, ids=[f"{w[0]}-{w[1]}" for w in ALL_WRONG])
 def test_wrong_variant_fails(number: str, mistake: str, code: str, check: str) -> None:
-    results = judge(number, code, only=check)  # only the check that must catch it: some checks train models
+    results = judge_row(number, code, only=check)  # only the check that must catch it: some checks train models
     assert results, f"no check of exercise {number} is named like {check!r}"
     failing = {name: r.message for name, r in results.items() if not r.passed}
     assert any(check in name for name in failing), f"{mistake!r} should fail {check!r}; failing: {failing}"
 
 
-@pytest.mark.parametrize("number, difference, code", RIGHT, ids=[f"{r[0]}-{r[1]}" for r in RIGHT])
+@pytest.mark.parametrize("number, difference, code", ALL_RIGHT, ids=[f"{r[0]}-{r[1]}" for r in ALL_RIGHT])
 def test_correct_alternative_passes(number: str, difference: str, code: str) -> None:
-    results = judge(number, code)
+    original, precision = torch.compile, torch.get_float32_matmul_precision()
+    only = getattr(TABLES.get(number), "RIGHT_ONLY", ("",))
+    results = {name: r for part in only for name, r in judge_row(number, code, only=part).items()}
+    expected = {c.name for c in checks_for(number) if any(part in c.name for part in only)}
+    assert set(results) == expected, "every check ran"
     failing = {name: (r.message, r.hint, r.expected, r.got) for name, r in results.items() if not r.passed}
     assert not failing, f"{difference!r} is correct but failed: {failing}"
+    # nothing the checks touched stays changed for the tests that follow in this process
+    assert torch.compile is original
+    assert torch.get_float32_matmul_precision() == precision
+
+
+# ---------------------------------------------------------------- exercise 03's inputs
+def test_inputs_follow_the_run_seed() -> None:
+    from course_lib.grading.checks.ex03_compile_tf32 import _break_even_cases, _break_inputs
+
+    assert _break_even_cases(1) != _break_even_cases(2)
+    first, second = _break_inputs(1), _break_inputs(2)
+    assert first[0][0].shape != second[0][0].shape or not torch.equal(first[0][0], second[0][0])
+
+
+def test_every_input_follows_the_run_seed() -> None:
+    """Timings, TF32 calls, step times and input shapes differ between consecutive grading runs."""
+    from course_lib.grading.checks import ex03_compile_tf32 as ex03
+
+    for seed in range(6):
+        for inputs in (ex03._steady_times, ex03._speedup_times, ex03._tf32_calls, ex03._step_times, ex03._batches):
+            assert inputs(seed) != inputs(seed + 1), inputs.__name__
+        start, calls = ex03._tf32_calls(seed)
+        assert start in ex03._PRECISIONS and True in calls and False in calls

@@ -12,14 +12,11 @@ import linecache
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from course_lib.grading import notebook
 from course_lib.grading.api import CELL_ERRORS, CheckResult
 from course_lib.grading.inprocess import observe_and_judge
 
-REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.timeout(600)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cells() -> tuple[list[str], str]:
@@ -30,17 +27,17 @@ def _cells() -> tuple[list[str], str]:
     return setup, exercise
 
 
-def judge(name: str, code: str, only: str = "") -> dict[str, CheckResult]:
+def judge(number: str, code: str, only: str = "") -> dict[str, CheckResult]:
     """The solution's set-up cell, then its exercise cell with ``code`` appended, judged as the grader does."""
     setup, exercise = _cells()
     ns: dict = {"__name__": "__main__", CELL_ERRORS: []}
     for source in setup:
         exec(compile(source, "<setup>", "exec"), ns)
     cell = exercise + "\n\n" + textwrap.dedent(code)
-    filename = f"<exercise 11 variant: {name}>"
+    filename = f"<exercise 11 variant {abs(hash(code)):x}>"
     linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)  # as Jupyter registers a cell
     exec(compile(cell, filename, "exec"), ns)
-    return {r.name: r for r in observe_and_judge("11", ns, only)}
+    return {r.name: r for r in observe_and_judge(number, ns, only)}
 
 
 def _train(*, sampler: str = "DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, "
@@ -149,19 +146,3 @@ RIGHT: list[tuple[str, str]] = [
             return model
         """),
 ]
-
-
-@pytest.mark.parametrize("mistake, code, check", WRONG, ids=[w[0] for w in WRONG])
-def test_wrong_variant_fails(mistake: str, code: str, check: str) -> None:
-    results = judge(mistake, code, only=check)
-    assert results, f"no check of exercise 11 is named like {check!r}"
-    failing = {name: r.message for name, r in results.items() if not r.passed}
-    assert any(check in name for name in failing), f"{mistake!r} should fail {check!r}; failing: {failing}"
-
-
-@pytest.mark.parametrize("difference, code", RIGHT, ids=[r[0][:40] for r in RIGHT])
-def test_correct_alternative_passes(difference: str, code: str) -> None:
-    results = judge(difference, code)
-    failing = {name: (r.message, r.hint, r.expected, r.got) for name, r in results.items() if not r.passed}
-    assert not failing, f"{difference!r} is correct but failed: {failing}"
-    assert len(results) == 7

@@ -10,13 +10,10 @@ timings.
 
 from __future__ import annotations
 
-import pytest
-
-from test_grading_variants import judge
-
 SPEED = "faster than the original"
 LOSSES = "one loss per step"
 WEIGHTS = "weights after the epoch"
+RIGHT_ONLY = (LOSSES, WEIGHTS)  # the speed check measures real time: it is judged on rows that must fail it
 
 # The solution's loop with the normalisation (how the summed loss of a group is divided) left open.
 _FAST_LOOP = """
@@ -158,19 +155,3 @@ def train_fast(model, images, labels, cfg):
     return [float(v) for v in torch.stack(losses)]
 """),
 ]
-
-
-@pytest.mark.parametrize("mistake, code, check", WRONG, ids=[w[0] for w in WRONG])
-def test_wrong_variant_fails(mistake: str, code: str, check: str) -> None:
-    results = judge("17", code, only=check)
-    assert results, f"no check of exercise 17 is named like {check!r}"
-    failing = {name: r.message for name, r in results.items() if not r.passed}
-    assert any(check in name for name in failing), f"{mistake!r} should fail {check!r}; failing: {failing}"
-
-
-@pytest.mark.parametrize("difference, code", RIGHT, ids=[r[0] for r in RIGHT])
-def test_correct_alternative_passes_the_correctness_checks(difference: str, code: str) -> None:
-    results = {**judge("17", code, only=LOSSES), **judge("17", code, only=WEIGHTS)}
-    assert len(results) == 2
-    failing = {name: (r.message, r.hint, r.expected, r.got) for name, r in results.items() if not r.passed}
-    assert not failing, f"{difference!r} is correct but failed: {failing}"
