@@ -6,9 +6,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8888
 NOTEBOOK_DIR ?= .
-# Two test processes; each file (a notebook, the browser module) stays in one process, in order, except the units
-# tests/conftest.py deals out one by one; the longest start first (tests/conftest.py: FIRST).
-PYTEST_ARGS ?= -n 2 --dist loadgroup --no-loadscope-reorder
+# Two test processes; each file (a notebook, the browser module) stays in one process, in order; the longest files
+# start first (tests/conftest.py: FIRST).
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup data lab test test-fast doctor clean-notebooks exercises bench gpu-check site cells
 

@@ -17,52 +17,34 @@ import pytest  # noqa: E402 - after the environment is set
 
 # Every test in these files starts notebooks, kernels or sandboxed grader processes: ``slow``, so that
 # ``make test-fast`` (``-m "not slow ..."``) keeps the library's own tests for the inner loop; ``make test`` runs all.
-SLOW_FILES = {"test_site.py", "test_exercise_validity.py", "test_grading.py", "test_grading_hostile.py",
-              "test_grading_variants.py", "test_magics.py", "test_resume_harness.py"}
+SLOW_FILES = {"test_site.py", "test_lessons.py", "test_exercise_validity.py", "test_grading.py",
+              "test_grading_hostile.py", "test_grading_variants.py", "test_magics.py", "test_resume_harness.py"}
 
 
 def _is_slow_file(path: Path) -> bool:
     return path.name in SLOW_FILES or path.name.startswith("test_variants_") or path.suffix == ".ipynb"
 
 
-# How the two test processes share the work (``make test``: ``--dist loadgroup --no-loadscope-reorder``). A file's
-# tests stay together in one process, in order (its module fixtures are built once; a notebook's cells run in
-# sequence), except in SPLIT_FILES, which share no expensive fixture and are dealt out test by test, and the lessons
-# of test_site.py, each a unit of its own (tests/test_site.py: execute_once). The longest units start first
-# (FIRST, measured on a quiet 2-core machine), the site built from the lessons last, so both processes end together.
-SPLIT_FILES = {"test_grading_variants.py", "test_grading.py"}
-FIRST = ("tests/test_site.py::test_lesson_runs[04", "tests/test_site.py::test_lesson_runs[09",
-         "tests/test_browser.py", "tests/test_exercise_validity.py", "solutions/01_", "tests/test_site.py::test_lesson",
-         "tests/test_grading.py", "tests/test_train.py", "tests/test_bootstrap.py", "tests/test_gpu_check.py",
-         "tests/test_grading_hostile.py", "tests/test_magics.py", "tests/test_run_safety.py")
-LAST = ("tests/test_site.py",)
-
-
-def _group(item: pytest.Item) -> str | None:
-    path = Path(str(item.fspath))
-    if path.name in SPLIT_FILES or item.nodeid.startswith("tests/test_site.py::test_lesson_runs"):
-        return None
-    return item.nodeid.split("::")[0]
+# The order in which the two test processes take the files (``make test``: ``--dist loadfile --no-loadscope-reorder``;
+# a file's tests stay together, in order). The longest files start first (measured on a quiet 2-core machine), so both
+# processes end together: the lessons (first to last) in one process and the site (whose fixture executes the lessons
+# last to first) in the other split the lessons between them (tests/test_lessons.py: execute_once).
+FIRST = ("tests/test_lessons.py", "tests/test_site.py", "tests/test_browser.py", "tests/test_exercise_validity.py",
+         "tests/test_grading_variants.py", "solutions/01_", "tests/test_grading.py", "tests/test_train.py",
+         "tests/test_bootstrap.py", "tests/test_gpu_check.py", "tests/test_grading_hostile.py", "tests/test_magics.py",
+         "tests/test_run_safety.py")
 
 
 def _rank(item: pytest.Item) -> int:
-    for index, prefix in enumerate(FIRST):
-        if item.nodeid.startswith(prefix):
-            return index
-    return len(FIRST) + (1 if item.nodeid.startswith(LAST) else 0)
+    return next((index for index, prefix in enumerate(FIRST) if item.nodeid.startswith(prefix)), len(FIRST))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests in SLOW_FILES are marked ``slow``; every test gets its xdist group and the order the processes take
-    them in. Tests marked ``gpu`` are skipped, with the reason, where no CUDA GPU is visible (they run in
-    gpu-check)."""
+    """Tests in SLOW_FILES are marked ``slow``; the files are put in the order the test processes take them (FIRST).
+    Tests marked ``gpu`` are skipped, with the reason, where no CUDA GPU is visible (they run in gpu-check)."""
     for item in items:
         if _is_slow_file(Path(str(item.fspath))):
             item.add_marker(pytest.mark.slow)
-        group = _group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=_rank)  # stable: a file's tests keep their order
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:

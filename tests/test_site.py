@@ -1,7 +1,6 @@
 """The course website, built in smoke mode exactly as ``make site`` builds it, then opened in a real Chromium.
 
-The lessons are executed here once per test run (``test_lesson_runs``, one test per lesson, errors reported with the
-cell and its traceback; :func:`execute_once`): this is the suite's run of every lesson, and the executed notebooks are
+The lessons are executed once per test run (tests/test_lessons.py: ``execute_once``), and the executed notebooks are
 what the site renders, so the suite does not run them twice. Then the site is rendered, checked as files (every page,
 no asset from the network, every internal link and anchor resolves) and in the browser (every page loads, every image
 shows, lesson order, search). Chromium as in ``test_browser.py``: skipped without it, a failure under ``CI=true``.
@@ -23,39 +22,11 @@ import pytest
 from browser_helpers import CHROMIUM, CHROMIUM_ARGS, chromium_missing_reason
 from conftest import REPO
 from course_lib import mode, website
+from test_lessons import execute_once
 
 LESSONS = website.lessons(REPO)
 GUIDES = website.guides(REPO)
 FOLDERS = website.SiteFolders(root=REPO, mode=mode.mode())
-
-
-# --- the lessons, executed for the site ---------------------------------------------------------------------------
-def execute_once(lesson: Path, run_id: str) -> None:
-    """Execute ``lesson`` for the site once in this test run, whichever test process asks first.
-
-    The two test processes share the executed folder: each lesson is its own unit of work (so the lessons spread over
-    both), and the site fixture asks for every lesson too. A file lock per lesson makes the second asker wait for the
-    first and then reuse its notebook; a marker holding the run's id tells "executed in this run" from a leftover of
-    an earlier run (which is executed again: a test run always executes every lesson).
-    """
-    import fcntl
-
-    FOLDERS.executed.mkdir(parents=True, exist_ok=True)
-    marker = FOLDERS.executed / f"{lesson.stem}.run"
-    with open(FOLDERS.executed / f"{lesson.stem}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
-        if marker.is_file() and marker.read_text() == run_id:
-            return
-        marker.unlink(missing_ok=True)
-        website.execute(lesson, FOLDERS.executed, force=True)
-        marker.write_text(run_id)
-
-
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
-def test_lesson_runs(lesson, testrun_uid):
-    execute_once(lesson, testrun_uid)
-    assert (FOLDERS.executed / lesson.name).is_file()
 
 
 def test_there_are_thirteen_lessons_in_course_order():
@@ -65,9 +36,10 @@ def test_there_are_thirteen_lessons_in_course_order():
 # --- the built site, as files -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def site(testrun_uid) -> Path:
-    """The site for the current (smoke) mode, from the lessons executed in this run (any not executed yet -- this file
-    run alone, or a lesson still running in the other test process -- is executed or waited for now)."""
-    for lesson in LESSONS:
+    """The site for the current (smoke) mode, from the lessons executed in this run. Lessons not executed yet are
+    executed here, last first: when tests/test_lessons.py runs in the other test process (first lesson first), the
+    two meet in the middle and every lesson runs once."""
+    for lesson in reversed(LESSONS):
         execute_once(lesson, testrun_uid)
     folders = website.build(REPO, quiet=True)
     return folders.html

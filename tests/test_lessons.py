@@ -1,0 +1,47 @@
+"""Every lesson, executed top to bottom in smoke mode as the course website executes it, once per test run.
+
+One test per lesson (errors reported with the cell and its traceback). The executed notebooks are what
+tests/test_site.py renders: whichever test process asks for a lesson first executes it, the other waits for it and
+reuses it (:func:`execute_once`). This file takes the lessons first to last while the site's fixture takes them last
+to first, so on two test processes the lessons split between them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from course_lib import mode, website
+
+LESSONS = website.lessons(REPO)
+FOLDERS = website.SiteFolders(root=REPO, mode=mode.mode())
+
+
+def execute_once(lesson: Path, run_id: str) -> None:
+    """Execute ``lesson`` for the site once in this test run, whichever test process asks first.
+
+    The test processes share the executed folder. A file lock per lesson makes the second asker wait for the first and
+    then reuse its notebook; a marker holding the run's id (pytest-xdist's ``testrun_uid``, the same in every test
+    process) tells "executed in this run" from a leftover of an earlier run, which is executed again: a test run
+    always executes every lesson.
+    """
+    import fcntl
+
+    FOLDERS.executed.mkdir(parents=True, exist_ok=True)
+    marker = FOLDERS.executed / f"{lesson.stem}.run"
+    with open(FOLDERS.executed / f"{lesson.stem}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        if marker.is_file() and marker.read_text() == run_id:
+            return
+        marker.unlink(missing_ok=True)
+        website.execute(lesson, FOLDERS.executed, force=True)
+        marker.write_text(run_id)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_runs(lesson, testrun_uid):
+    execute_once(lesson, testrun_uid)
+    assert (FOLDERS.executed / lesson.name).is_file()
