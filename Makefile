@@ -27,8 +27,9 @@ lab: data
 	$(PY) -m course_lib lab --port $(PORT) --notebook-dir $(NOTEBOOK_DIR)
 
 # The tests use their own small data cache inside the repository (smoke sizes), never the learner's.
-# Notebooks run by the tests have nobody to answer their questions: reveals are written out at once.
-TEST_ENV := COURSE_MODE=smoke COURSE_DATA_DIR=$(CURDIR)/.cache/data COURSE_UNATTENDED=1
+# Notebooks run by the tests have nobody to answer their questions: reveals are written out at once. Every Python
+# process the tests start prints its threads' stacks when it crashes or is sent SIGABRT (a hung child, killed).
+TEST_ENV := COURSE_MODE=smoke COURSE_DATA_DIR=$(CURDIR)/.cache/data COURSE_UNATTENDED=1 PYTHONFAULTHANDLER=1
 
 test: setup
 	$(TEST_ENV) $(PY) -m course_lib data prepare --quiet

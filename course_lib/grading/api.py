@@ -250,8 +250,8 @@ def isolated_check(mode: str | None = None, seed: int | None = None) -> Iterator
     """Run a check alone, and leave every process-wide setting it may change as it was.
 
     Held across the whole check: a process-wide lock (judges never overlap), and on exit the global random
-    generators (torch, ``random``, numpy), torch's intra-op thread count, float32 matmul precision, default dtype,
-    grad mode, deterministic-algorithms flag and ``COURSE_MODE`` are put back. With ``seed`` (the grader judging
+    generators (torch, ``random``, numpy), torch's intra-op thread count, grad mode, deterministic-algorithms flag,
+    ``COURSE_MODE`` and everything :func:`preserved_globals` keeps are put back. With ``seed`` (the grader judging
     a replay) the check starts from a fixed state, whatever ran in this process before: every generator seeded
     from the run's seed, one thread, full float32 precision, ``COURSE_MODE=mode``.
     """
@@ -263,8 +263,7 @@ def isolated_check(mode: str | None = None, seed: int | None = None) -> Iterator
         saved_env = os.environ.get("COURSE_MODE")
         rng = (torch.get_rng_state(), random.getstate(), np.random.get_state())
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        settings = (torch.get_num_threads(), torch.get_float32_matmul_precision(), torch.get_default_dtype(),
-                    torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled(),
+        settings = (torch.get_num_threads(), torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled(),
                     torch.is_deterministic_algorithms_warn_only_enabled())
         try:
             if mode is not None:
@@ -277,7 +276,8 @@ def isolated_check(mode: str | None = None, seed: int | None = None) -> Iterator
                 torch.set_float32_matmul_precision("highest")
                 torch.set_default_dtype(torch.float32)
                 torch.set_grad_enabled(True)
-            yield
+            with preserved_globals():  # torch's module attributes, matmul precision and default dtype
+                yield
         finally:
             if saved_env is None:
                 os.environ.pop("COURSE_MODE", None)
@@ -288,11 +288,9 @@ def isolated_check(mode: str | None = None, seed: int | None = None) -> Iterator
             np.random.set_state(rng[2])
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
-            threads, precision, dtype, grad, deterministic, warn_only = settings
+            threads, grad, deterministic, warn_only = settings
             if torch.get_num_threads() != threads:  # setting it again is not free: it rebuilds the thread pool
                 torch.set_num_threads(threads)
-            torch.set_float32_matmul_precision(precision)
-            torch.set_default_dtype(dtype)
             torch.set_grad_enabled(grad)
             torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
