@@ -381,3 +381,73 @@ def test_in_process_grading_puts_back_what_learner_code_replaced_in_torch() -> N
     assert torch.compile is original and torch.get_float32_matmul_precision() == precision
     check("91", ns)
     assert torch.compile is original and torch.get_float32_matmul_precision() == precision
+
+
+# ---------------------------------------------------------------- what is graded as whose work, and where it goes
+
+
+def test_renamed_copies_are_found_and_named_in_a_note(tmp_path: Path) -> None:
+    from course_lib.grading.runner import find_notebooks, renamed_note
+
+    for name in ("05_lr_schedule (1).ipynb", "07_accumulation.ipynb", "07_accumulation (2).ipynb",
+                 "08_amp_step - Copy.ipynb", "notes.ipynb"):
+        (tmp_path / name).write_text("{}")
+    found = find_notebooks(tmp_path)
+    assert {n: p.name for n, p in found.items()} == {
+        "05": "05_lr_schedule (1).ipynb", "07": "07_accumulation.ipynb", "08": "08_amp_step - Copy.ipynb"}
+    assert renamed_note(found["05"]) == "graded '05_lr_schedule (1).ipynb', a renamed copy: hand it in as " \
+                                        "05_lr_schedule.ipynb"
+    assert renamed_note(found["07"]) == ""
+
+
+def test_csv_cells_never_run_as_spreadsheet_formulas(tmp_path: Path) -> None:
+    from course_lib.grading.api import CheckResult
+    from course_lib.grading.grade import write_csv
+    from course_lib.grading.runner import NotebookGrade
+
+    def grade() -> NotebookGrade:
+        return NotebookGrade("90", [CheckResult("90", "doubles", 1, passed=True)])
+
+    names = ['=HYPERLINK("http://example.invalid","x")', "+1", "-2", "@SUM(A1)", "ada"]
+    out = tmp_path / "grades.csv"
+    write_csv({name: {"90": grade()} for name in names}, ["90"], out)
+    rows = list(csv.DictReader(out.open()))
+    assert [r["student"] for r in rows] == ["'" + n for n in names[:4]] + ["ada"]
+    assert all(r["ex90"] == "1" for r in rows)
+
+
+def test_links_are_refused_renamed_copies_graded_and_the_output_never_a_student(tmp_path: Path, extra: Path) -> None:
+    subs = tmp_path / "class"
+    toy_notebook(subs / "ada" / "90_toy.ipynb")
+    (subs / "bob").mkdir()
+    (subs / "bob" / "90_toy.ipynb").symlink_to(subs / "ada" / "90_toy.ipynb")  # a classmate's notebook
+    (subs / "cy").symlink_to(subs / "ada", target_is_directory=True)  # a classmate's whole folder
+    toy_notebook(subs / "dee" / "90_toy (1).ipynb")  # a browser's second download
+    out = subs / "grades.csv"  # inside the class folder, with its feedback folder beside it
+    code = grade_main([str(subs), "--out", str(out), "--exercises", "90", "--extra-tests", str(extra),
+                       "--timeout", "120", "--jobs", "2"])
+    assert code == 0
+    rows = {row["student"]: row for row in csv.DictReader(out.open())}
+    assert {s: rows[s]["total"] for s in rows} == {"ada": "3", "bob": "0", "cy": "0", "dee": "3"}
+    assert rows["bob"]["status"] == rows["cy"]["status"] == "ex90 refused (a link)"
+    assert "renamed copy" in rows["dee"]["flags"]
+    feedback = (subs / "grades-feedback" / "bob" / "feedback.txt").read_text()
+    assert "is a link" in feedback
+    # The next run does not grade the feedback folder as a student called "grades-feedback".
+    from course_lib.grading.grade import student_folders
+
+    again = [p.name for p in student_folders(subs, [out, subs / "grades-feedback"])]
+    assert again == ["ada", "bob", "cy", "dee"]
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_any_grading(tmp_path: Path, capsys) -> None:
+    subs = tmp_path / "class"
+    toy_notebook(subs / "ada" / "90_toy.ipynb")
+    for args in (["--out", str(tmp_path)], ["--out", str(tmp_path / "g.csv"), "--feedback", str(subs / "ada" /
+                                                                                                 "90_toy.ipynb")]):
+        with pytest.raises(SystemExit) as stop:
+            grade_main([str(subs), *args, "--exercises", "90"])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert "error:" in err and ("is a folder" in err or "is a file" in err)
+    assert not (tmp_path / "g.csv").exists()

@@ -25,32 +25,101 @@ from textwrap import indent
 from typing import Any
 
 from course_lib.grading import sandbox
-from course_lib.grading.api import checks_for, known_exercises, load_extra_checks, normalise_exercise, printable
+from course_lib.grading.api import (
+    CheckResult,
+    checks_for,
+    known_exercises,
+    load_extra_checks,
+    normalise_exercise,
+    printable,
+)
 from course_lib.grading.report import format_results, shorten
-from course_lib.grading.runner import DEFAULT_TIMEOUT_S, GRADED, NotebookGrade, find_notebooks, grade_notebook
+from course_lib.grading.runner import (
+    DEFAULT_TIMEOUT_S,
+    GRADED,
+    REFUSED,
+    NotebookGrade,
+    find_notebooks,
+    grade_notebook,
+    renamed_note,
+)
 
 Table = dict[str, dict[str, NotebookGrade]]
 
 
+def student_folders(submissions: Path, outputs: Sequence[Path] = ()) -> list[Path]:
+    """The student folders of ``submissions``: hidden folders and folders holding this grader's ``outputs`` (the
+    CSV, the feedback folder: graded as a student on the next run otherwise) are left out, each with one line."""
+    students = []
+    for folder in sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        here = folder.resolve()
+        holds_output = [o for o in outputs if o.resolve() == here or here in o.resolve().parents]
+        if holds_output and not folder.is_symlink():
+            print(f"skipped {printable(folder.name)}/: it holds this grader's output ({holds_output[0].name})",
+                  file=sys.stderr)
+            continue
+        students.append(folder)
+    return students
+
+
+def _refused(number: str, extra_dirs: list[Path], why: str) -> NotebookGrade:
+    checks = checks_for(number, extra_dirs)
+    return NotebookGrade(number, [CheckResult(number, c.name, c.points, passed=False, message=why,
+                                              hint="hand in the notebook file itself, in your own folder",
+                                              source=c.source) for c in checks], REFUSED)
+
+
+def _link_problem(path: Path, submissions: Path) -> str | None:
+    """Why ``path`` (a student folder or notebook) is not graded as that student's own work, or None."""
+    if path.is_symlink():
+        return f"{path.name} is a link (to {printable(os.readlink(path))}), not a file handed in: it is not graded"
+    if submissions.resolve() not in path.resolve().parents:
+        return f"{path.name} resolves outside the class folder: it is not graded"
+    return None
+
+
 def grade_class(submissions: Path, exercises: list[str], *, timeout_s: float, extra_dirs: list[Path],
-                jobs: int) -> Table:
-    """``{student: {exercise: NotebookGrade}}`` for every student folder in ``submissions``."""
-    students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+                jobs: int, outputs: Sequence[Path] = ()) -> Table:
+    """``{student: {exercise: NotebookGrade}}`` for every student folder in ``submissions``.
+
+    A student folder or notebook that is a link (to a classmate's work, to ``solutions/``) is refused: its
+    exercises score nothing and the report says why. A renamed copy (``05_topic (1).ipynb``) is graded, with a note.
+    """
+    students = student_folders(submissions, outputs)
     for number in exercises:
         checks_for(number, extra_dirs)  # import once, before the threads start
     threads = max(1, (os.cpu_count() or 1) // jobs)
+    table: Table = {s.name: {} for s in students}
+    notes: dict[tuple[str, str], str] = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {}
         for student in students:
-            found = find_notebooks(student)
+            folder_problem = _link_problem(student, submissions)
+            found = {} if folder_problem else find_notebooks(student)
             for number in exercises:
+                path = found.get(number)
+                problem = folder_problem or (path and _link_problem(path, submissions))
+                if problem:
+                    table[student.name][number] = _refused(number, extra_dirs, problem)
+                    continue
                 futures[student.name, number] = pool.submit(
-                    grade_notebook, found.get(number), number, timeout_s=timeout_s, extra_dirs=extra_dirs,
-                    threads=threads)
-        table: Table = {s.name: {} for s in students}
+                    grade_notebook, path, number, timeout_s=timeout_s, extra_dirs=extra_dirs, threads=threads)
+                notes[student.name, number] = renamed_note(path) if path is not None else ""
         for (student, number), future in futures.items():
             table[student][number] = future.result()
-    return table
+            table[student][number].note = notes[student, number]
+    return {s: dict(sorted(per_ex.items())) for s, per_ex in table.items()}
+
+
+# A cell that a spreadsheet would read as a formula (a student named "=HYPERLINK(...)").
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> object:
+    """Text that cannot run as a spreadsheet formula: a leading ``'`` where it would (numbers stay numbers)."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
 
 
 def write_csv(table: Table, exercises: list[str], out: Path) -> None:
@@ -64,9 +133,10 @@ def write_csv(table: Table, exercises: list[str], out: Path) -> None:
             earned = [per_ex[n].earned for n in exercises]
             possible = sum(per_ex[n].points for n in exercises)
             status = "; ".join(f"ex{n} {per_ex[n].status}" for n in exercises if per_ex[n].status != GRADED)
-            flags = "; ".join(f"ex{n} uses the reference implementation ({', '.join(per_ex[n].uses_reference)})"
-                              for n in exercises if per_ex[n].uses_reference)
-            writer.writerow([student, *earned, sum(earned), possible, status or GRADED, flags])
+            flags = "; ".join([f"ex{n} uses the reference implementation ({', '.join(per_ex[n].uses_reference)})"
+                               for n in exercises if per_ex[n].uses_reference]
+                              + [f"ex{n} {per_ex[n].note}" for n in exercises if per_ex[n].note])
+            writer.writerow([csv_cell(c) for c in (student, *earned, sum(earned), possible, status or GRADED, flags)])
     os.replace(partial, out)
 
 
@@ -85,6 +155,7 @@ def results_json(per_ex: dict[str, NotebookGrade], exercises: list[str]) -> dict
     notes = [f"ex{n}: {per_ex[n].status}" for n in exercises if per_ex[n].status != GRADED]
     notes += [f"ex{n}: uses the reference implementation ({', '.join(per_ex[n].uses_reference)})"
               for n in exercises if per_ex[n].uses_reference]
+    notes += [f"ex{n}: {per_ex[n].note}" for n in exercises if per_ex[n].note]
     return {"score": sum(per_ex[n].earned for n in exercises), "max_score": sum(per_ex[n].points for n in exercises),
             "output": "\n".join(notes), "tests": tests,
             "status": {f"ex{n}": per_ex[n].status for n in exercises}}
@@ -100,6 +171,8 @@ def feedback_text(student: str, per_ex: dict[str, NotebookGrade], exercises: lis
         if grade.uses_reference:
             lines.append(f"  uses the reference implementation ({', '.join(grade.uses_reference)}): "
                          "this does not count as a solution")
+        if grade.note:
+            lines.append(f"  {grade.note}")
         if any(not r.passed for r in grade.results):
             lines.append(indent(format_results(grade.results), "  "))
         lines.append("")
@@ -143,6 +216,19 @@ def summary(table: Table, exercises: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _output_problem(out: Path, feedback: Path) -> str | None:
+    """Why the CSV or the feedback folder could not be written (checked before grading), or None."""
+    if out.is_dir():
+        return f"--out {out}: is a folder; give the CSV's file name (e.g. {out / 'grades.csv'})"
+    if feedback.exists() and not feedback.is_dir():
+        return f"--feedback {feedback}: is a file; give a folder for the students' feedback"
+    for target, flag in ((out.parent, "--out"), (feedback, "--feedback")):
+        existing = next((p for p in (target, *target.parents) if p.exists()), None)
+        if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            return f"{flag}: {existing or target} cannot be written here; choose a folder you can write to"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib grade", description=__doc__.splitlines()[0])
     parser.add_argument("submissions", type=Path, help="folder with one sub-folder per student")
@@ -165,12 +251,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_extra_checks(directory)  # fail now, with the file at fault, not inside every worker
     except (ValueError, FileNotFoundError, SyntaxError, ImportError) as exc:
         parser.error(str(exc))
+    feedback = args.feedback or args.out.with_name(args.out.stem + "-feedback")
+    problem = _output_problem(args.out, feedback)
+    if problem:  # before any grading: a class's worth of work is not lost to a CSV that cannot be written
+        parser.error(problem)
     print(sandbox.describe())
-    table = grade_class(args.submissions, exercises, timeout_s=args.timeout, extra_dirs=extra_dirs, jobs=args.jobs)
+    table = grade_class(args.submissions, exercises, timeout_s=args.timeout, extra_dirs=extra_dirs, jobs=args.jobs,
+                        outputs=[args.out, feedback])
     if not table:
         print(f"{args.submissions}: no student folders", file=sys.stderr)
         return 1
-    feedback = args.feedback or args.out.with_name(args.out.stem + "-feedback")
     write_csv(table, exercises, args.out)
     write_feedback(table, exercises, feedback)
     print(summary(table, exercises))

@@ -17,6 +17,7 @@ every check gets a :class:`CheckResult`, and a forged or missing observation can
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -44,6 +45,7 @@ _PACKAGE_ROOT = Path(course_lib.__file__).resolve().parents[1]
 
 # Grading status of one notebook (a CSV column).
 GRADED, TIMED_OUT, ENDED_EARLY, INVALID, MISSING = "graded", "timed out", "ended early", "invalid notebook", "missing"
+REFUSED = "refused (a link)"
 
 
 @dataclass
@@ -56,6 +58,7 @@ class NotebookGrade:
     uses_reference: list[str] = field(default_factory=list)  # course_lib functions the exercise code uses
     output_tail: str = ""
     seed: int = 0  # the inputs' seed of this grading run
+    note: str = ""  # said in the report beside the score (e.g. which renamed copy was graded)
     observations: list[list[dict[str, Any]] | None] = field(default_factory=list)  # per check, as loaded
 
     @property
@@ -67,14 +70,37 @@ class NotebookGrade:
         return sum(r.points for r in self.results)
 
 
+# What a browser or a file manager makes of NN_topic.ipynb when a file of that name is already there.
+RENAMED_COPY = re.compile(r"^(?P<number>\d\d)_(?P<topic>[A-Za-z0-9_]+)(?: ?\(\d+\)| - Copy| copy(?: \d+)?)\.ipynb$")
+
+
 def find_notebooks(folder: Path) -> dict[str, Path]:
-    """``{"05": folder/05_accumulation.ipynb, ...}`` for every NN_topic.ipynb in ``folder``."""
+    """``{"05": folder/05_accumulation.ipynb, ...}`` for every NN_topic.ipynb in ``folder``.
+
+    Where only a renamed copy was handed in (``05_accumulation (1).ipynb``, as a browser saves a second download),
+    that copy is taken, the most recently saved one if there are several: see :func:`renamed_note`.
+    """
     found: dict[str, Path] = {}
+    copies: dict[str, list[Path]] = {}
     for path in sorted(Path(folder).glob("*.ipynb")):
         match = NOTEBOOK_NAME.match(path.name)
         if match:
             found.setdefault(match["number"], path)
+        elif match := RENAMED_COPY.match(path.name):
+            copies.setdefault(match["number"], []).append(path)
+    for number, paths in copies.items():
+        if number not in found:
+            found[number] = max(paths, key=lambda p: (p.lstat().st_mtime, p.name))
     return found
+
+
+def renamed_note(path: Path) -> str:
+    """A line for the report when ``path`` is a renamed copy rather than the notebook's own name."""
+    if NOTEBOOK_NAME.match(path.name):
+        return ""
+    match = RENAMED_COPY.match(path.name)
+    wanted = f"{match['number']}_{match['topic']}.ipynb" if match else "NN_topic.ipynb"
+    return f"graded {path.name!r}, a renamed copy: hand it in as {wanted}"
 
 
 def _failed(check: Check, message: str, hint: str | None = None) -> CheckResult:
