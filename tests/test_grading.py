@@ -451,3 +451,21 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_grading(tmp_path
         err = capsys.readouterr().err
         assert "error:" in err and ("is a folder" in err or "is a file" in err)
     assert not (tmp_path / "g.csv").exists()
+
+
+def test_observations_that_decode_to_more_than_the_file_are_rejected(tmp_path: Path) -> None:
+    """A few KB of zero-stride views would become a gigabyte once a judge touched them: such a file is no
+    observation (the check fails), and ordinary records still load."""
+    import torch
+
+    from course_lib.grading.runner import _load_observations
+    from course_lib.grading.worker import observations_file
+
+    torch.save([{"key": "k", "value": torch.zeros(1).expand(10**9)}], observations_file(tmp_path, 0))
+    torch.save([{"key": "k", "value": torch.zeros(1 << 25)}], observations_file(tmp_path, 1))  # 32 M elements
+    torch.save([{"key": "k", "value": [torch.arange(6).view(2, 3), {"loss": 0.5}]}], observations_file(tmp_path, 2))
+    assert observations_file(tmp_path, 0).stat().st_size < 4096
+    assert _load_observations(tmp_path, 0, 1 << 30) is None
+    assert _load_observations(tmp_path, 1, 1 << 30) is None
+    loaded = _load_observations(tmp_path, 2, 1 << 30)
+    assert loaded is not None and torch.equal(loaded[0]["value"][0], torch.arange(6).view(2, 3))

@@ -195,7 +195,35 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
     return returncode, out_dir, log_file
 
 
+# What one check's observations may decode to: the file's size is capped by the sandbox, but a tensor's shape and
+# strides are only numbers in it (a 2.6 KB file of zero-stride views decoded to 1.3 GB once a judge touched it).
+MAX_OBSERVED_ELEMENTS = 1 << 24  # 64 MiB of float32 over all tensors of one check: far above what any check records
+
+
+class OversizedObservation(ValueError):
+    """A recorded tensor is a broadcast view (a zero stride) or the tensors hold more than the grader reads."""
+
+
+def _bounded(records: Any) -> None:
+    """Raise :class:`OversizedObservation` unless every tensor in ``records`` owns its elements and they are few."""
+    total, stack = 0, [records]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            if any(stride == 0 and size > 1 for size, stride in zip(value.shape, value.stride())):
+                raise OversizedObservation("a recorded tensor is a broadcast view (zero stride)")
+            total += value.numel()
+            if total > MAX_OBSERVED_ELEMENTS or value.untyped_storage().nbytes() < value.numel() * value.element_size():
+                raise OversizedObservation(f"the recorded tensors hold over {MAX_OBSERVED_ELEMENTS} elements")
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+
+
 def _load_observations(out_dir: Path, index: int, limit: int) -> list[dict[str, Any]] | None:
+    """One check's records, or None when the file is missing, unreadable, not a list, or decodes to more than the
+    grader reads (:func:`_bounded`): every case fails the check, none allocates more than the file and the cap."""
     data = _read_capped(observations_file(out_dir, index), limit)
     if data is None:
         return None
@@ -203,6 +231,7 @@ def _load_observations(out_dir: Path, index: int, limit: int) -> list[dict[str, 
 
     try:
         records = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        _bounded(records)
     except Exception:
         return None
     return records if isinstance(records, list) else None
