@@ -103,6 +103,7 @@ def test_judging_every_exercise_at_once_equals_judging_each_alone(graded: dict) 
                  for c, records in zip(checks_for(number), grade.observations))]
 
     numbers = sorted(graded)
+    assert all(len(graded[n].observations) == len(checks_for(n)) for n in numbers), "every check was observed"
     torch.manual_seed(123)
     random.seed(123)
     before = (torch.get_rng_state(), random.getstate(), torch.get_num_threads(), torch.get_float32_matmul_precision())

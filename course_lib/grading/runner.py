@@ -58,8 +58,8 @@ class NotebookGrade:
     uses_reference: list[str] = field(default_factory=list)  # course_lib functions the exercise code uses
     output_tail: str = ""
     seed: int = 0  # the inputs' seed of this grading run
-    note: str = ""  # said in the report beside the score (e.g. which renamed copy was graded)
     observations: list[list[dict[str, Any]] | None] = field(default_factory=list)  # per check, as loaded
+    note: str = ""  # said in the report beside the score (e.g. which renamed copy was graded)
 
     @property
     def earned(self) -> int:
@@ -285,7 +285,8 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
         for result in results:  # name the learner's file, not the temporary copy
             result.message = result.message.replace(str(workdir / "scratch" / Path(path).name), str(path))
             result.message = result.message.replace(f"{sandbox.SCRATCH}/{Path(path).name}", str(path))
-        return NotebookGrade(number, results, status, uses, tail, seed, observations)
+        return NotebookGrade(number, results, status, uses_reference=uses, output_tail=tail, seed=seed,
+                             observations=observations)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
