@@ -26,7 +26,6 @@ from typing import Any
 
 from course_lib.grading import sandbox
 from course_lib.grading.api import (
-    CheckResult,
     checks_for,
     known_exercises,
     load_extra_checks,
@@ -39,6 +38,7 @@ from course_lib.grading.runner import (
     GRADED,
     REFUSED,
     NotebookGrade,
+    failed_result,
     find_notebooks,
     grade_notebook,
     renamed_note,
@@ -63,10 +63,8 @@ def student_folders(submissions: Path, outputs: Sequence[Path] = ()) -> list[Pat
 
 
 def _refused(number: str, extra_dirs: list[Path], why: str) -> NotebookGrade:
-    checks = checks_for(number, extra_dirs)
-    return NotebookGrade(number, [CheckResult(number, c.name, c.points, passed=False, message=why,
-                                              hint="hand in the notebook file itself, in your own folder",
-                                              source=c.source) for c in checks], REFUSED)
+    hint = "hand in the notebook file itself, in your own folder"
+    return NotebookGrade(number, [failed_result(c, why, hint) for c in checks_for(number, extra_dirs)], REFUSED)
 
 
 def _link_problem(path: Path, submissions: Path) -> str | None:

@@ -103,7 +103,7 @@ def renamed_note(path: Path) -> str:
     return f"graded {path.name!r}, a renamed copy: hand it in as {wanted}"
 
 
-def _failed(check: Check, message: str, hint: str | None = None) -> CheckResult:
+def failed_result(check: Check, message: str, hint: str | None = None) -> CheckResult:
     return CheckResult(check.exercise, check.name, check.points, passed=False, message=message, hint=hint,
                        source=check.source)
 
@@ -245,12 +245,12 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
     extra_dirs = [Path(d).resolve() for d in extra_dirs]
     checks = checks_for(number, extra_dirs)
     if path is None or not Path(path).is_file():
-        return NotebookGrade(number, [_failed(c, f"no notebook for exercise {number} was found",
+        return NotebookGrade(number, [failed_result(c, f"no notebook for exercise {number} was found",
                                               hint="save it as NN_topic.ipynb") for c in checks], MISSING)
     try:
         nb = notebook.read(Path(path))
     except notebook.NotebookError as exc:
-        return NotebookGrade(number, [_failed(c, str(exc), "open the notebook in Jupyter and save it again")
+        return NotebookGrade(number, [failed_result(c, str(exc), "open the notebook in Jupyter and save it again")
                                       for c in checks], INVALID)
     uses = reference_uses(nb, number)
     limits = limits or sandbox.Limits(cpu_s=int(timeout_s * max(1, threads)) + 30)
@@ -274,7 +274,7 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
             records = _load_observations(out_dir, index, limits.file_mb << 20)
             observations.append(records)
             if records is None:
-                results.append(_failed(check, missing, hint))
+                results.append(failed_result(check, missing, hint))
                 if returncode is not None:
                     status = ENDED_EARLY
                 continue
