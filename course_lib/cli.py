@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("course_lib.train.cli:main", "train with the resumable template (--help lists every config field)"),
     "data": ("course_lib.data.cli:main", "generate or inspect the offline datasets (run once before a workshop)"),
     "doctor": ("course_lib.doctor:main", "check this machine: versions, devices, bf16/TF32, compile, workers, data"),
+    "claims": ("course_lib.perf.claims:main", "check a claim log (COURSE_CLAIM_LOG): every verdict re-derived"),
     "bench": ("course_lib.perf.bench:main", "run the benchmark table (ratios measured side by side)"),
     "gpu-check": ("course_lib.gpu_check:main", "on a CUDA GPU: every GPU path, notebook and grader in < 8 min"),
     "build-exercises": ("course_lib.grading.build:main", "regenerate exercises/ from solutions/"),

@@ -273,18 +273,16 @@ def use_course_threads() -> int:
     return n
 
 
-def explain(
-    verdict: Any, *, faster: str, slower: str, too_close: str, busy: str = "", **values: Any
-) -> str:
+def explain(verdict: Any, *, faster: str, slower: str, too_close: str, **values: Any) -> str:
     """The explanation of a measured comparison: the verdict's sentence, then the branch for its outcome.
 
     Every outcome needs its own text (``faster``/``slower`` say what ``a`` being faster/slower than ``b`` means,
     ``too_close`` what a tie means), so no lesson can explain a direction the machine did not measure. Texts are
-    templates filled from the verdict (``{a}``, ``{b}``, ``{factor}``, ``{winner}``, ... see
+    templates filled from the verdict (``{a}``, ``{b}``, ``{factor}``, ``{winner}``, ``{quantity}``, ... see
     :meth:`~course_lib.perf.compare.Verdict.fields`) and from ``values`` (facts that are not measurements).
-    A busy machine gets the verdict's own warning and ``busy`` (default: nothing more).
+    The whole text goes to the claim log when one is set (:mod:`course_lib.perf.claims`).
     """
-    branches = {"faster": faster, "slower": slower, "too_close": too_close, "busy": busy}
+    branches = {"faster": faster, "slower": slower, "too_close": too_close}
     for name in ("faster", "slower", "too_close"):
         if not isinstance(branches[name], str) or not branches[name].strip():
             raise ValueError(f"explain() needs a non-empty {name}= text: every outcome gets its own explanation.")
@@ -297,7 +295,11 @@ def explain(
             f"the {verdict.outcome}= text uses {exc} which is neither a verdict field {sorted(verdict.fields())} "
             "nor a keyword passed to explain()."
         ) from None
-    return f"{verdict.sentence()} {text}".strip()
+    shown = f"{verdict.sentence(log=False)} {text}".strip()
+    from course_lib.perf import claims
+
+    claims.record(verdict, shown)
+    return shown
 
 
 # --------------------------------------------------------------------------------------------------------

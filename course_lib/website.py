@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from course_lib import bootstrap, mode
+from course_lib.perf import claims
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -90,10 +91,16 @@ class LessonFailed(RuntimeError):
     """A lesson raised while being executed for the site (the message has the cell and the traceback)."""
 
 
+def claim_log_of(out_dir: Path, lesson: Path) -> Path:
+    """Where :func:`execute` writes the lesson's claim log (every verdict it showed, :mod:`course_lib.perf.claims`)."""
+    return out_dir / f"{lesson.stem}.claims.jsonl"
+
+
 def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 900) -> bool:
     """Execute ``lesson`` into ``out_dir/<name>`` unless an up-to-date copy is there; True when it ran.
 
-    The kernel starts in the lesson's own folder (as in JupyterLab), with the current environment.
+    The kernel starts in the lesson's own folder (as in JupyterLab), with the current environment. Every verdict the
+    lesson shows goes to :func:`claim_log_of` (``python -m course_lib claims check`` re-derives them).
     """
     import nbformat
     from nbclient import NotebookClient
@@ -110,6 +117,11 @@ def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 
     # scripts or tests (MPLBACKEND=Agg) would leave the figures out.
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
     env["COURSE_UNATTENDED"] = "1"  # nobody answers a page's questions: each reveal is written out in full
+    env["JPY_SESSION_NAME"] = lesson.name  # what Jupyter Server tells a kernel: the claim log names the lesson
+    claim_log = claim_log_of(out_dir, lesson)
+    claim_log.unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env[claims.ENV] = str(claim_log)
     try:
         client.execute(env=env)
     except CellExecutionError as exc:

@@ -21,7 +21,6 @@ SYNTHETIC = {
     "faster": (m("A", 1.0, 1.1, 0.9, 1.0, 1.05), m("B", 2.0, 2.1, 1.9, 2.2, 2.0)),
     "slower": (m("A", 3.0, 3.2, 3.1, 2.9, 3.0), m("B", 1.0, 1.1, 1.0, 0.95, 1.0)),
     "too_close": (m("A", 1.0, 1.2, 0.9, 1.1, 1.0), m("B", 1.05, 0.95, 1.1, 1.0, 1.02)),
-    "busy": (m("A", 1.0, 3.5, 1.0, 3.2, 1.1), m("B", 2.0, 2.1, 1.9, 2.2, 2.0)),
 }
 
 
@@ -31,18 +30,42 @@ def test_each_outcome_is_recognised_and_its_sentence_agrees(outcome: str) -> Non
     v = verdict_from_times(a, b)
     assert v.outcome == outcome
     text = v.sentence()
+    assert "wall-clock time" in text  # every sentence names the quantity it rests on
     if outcome == "faster":
-        assert v.ratio == pytest.approx(2.0, rel=0.1) and "A was 2.0x faster than B" in text
+        assert v.ratio == pytest.approx(2.0, rel=0.1) and "A was 2.0x faster than B by wall-clock time" in text
         assert v.winner == "A"
     elif outcome == "slower":
-        assert v.factor == pytest.approx(3.0, rel=0.1) and "A was 3.0x slower than B" in text
+        assert v.factor == pytest.approx(3.0, rel=0.1) and "A was 3.0x slower than B by wall-clock time" in text
         assert v.winner == "B"
-    elif outcome == "too_close":
+        lo, hi = v.factor_interval  # the interval is said in the direction of the factor: no "0.3x slower"
+        assert 1 < lo <= v.factor <= hi and "half 0." not in text
+    else:
         assert "Too close to call" in text and "faster than" not in text and "slower than" not in text
         assert v.winner is None
-    else:
-        assert "too busy" in text and "(A)" in text and v.winner is None
-        assert "faster than" not in text and "slower than" not in text
+
+
+def test_busy_rounds_still_teach() -> None:
+    """Rounds that spread 3x (the old "too busy" refusal) still give a verdict; the spread is only recorded."""
+    v = verdict_from_times(m("A", 1.0, 3.5, 1.0, 3.2, 1.1), m("B", 4.0, 4.1, 3.9, 4.2, 4.0))
+    assert v.outcome == "faster" and v.worst_spread > 2 and "busy" not in v.sentence()
+
+
+def test_the_direction_always_agrees_with_the_medians_shown() -> None:
+    """The statistic is the ratio of the medians shown beside it, so the two cannot point different ways."""
+    import random
+
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.choice([3, 4, 5, 7])
+        a = [rng.uniform(0.5, 2.0) for _ in range(n)]
+        b = [rng.uniform(0.5, 2.0) for _ in range(n)]
+        v = verdict_from_times(m("A", *a), m("B", *b))
+        if v.outcome == "faster":
+            assert v.a_seconds < v.b_seconds
+        elif v.outcome == "slower":
+            assert v.a_seconds > v.b_seconds
+        row = v.row()
+        assert cmp.format_seconds(v.a_seconds) in row and cmp.format_seconds(v.b_seconds) in row
 
 
 def test_a_consistent_small_difference_inside_the_band_is_too_close() -> None:
@@ -52,24 +75,58 @@ def test_a_consistent_small_difference_inside_the_band_is_too_close() -> None:
 
 
 def test_rounds_that_disagree_are_too_close_even_with_a_large_median() -> None:
-    # Median ratio 1.5, but two of five rounds say the opposite: the lower quartile is below 1.
+    # Median ratio 1.5, but two of five rounds say the opposite: the interval reaches below 1.
     v = verdict_from_times(m("A", 1.0, 1.0, 1.0, 1.0, 1.0), m("B", 1.5, 1.6, 0.9, 0.95, 1.5))
     assert v.ratio == pytest.approx(1.5) and v.low < 1 and v.outcome == "too_close"
 
 
-def test_work_per_call_turns_times_into_rates() -> None:
-    # batch 64 in 10 s per call is 6.4 samples/s; batch 1 in 1 s is 1 sample/s: batch 64 is 6.4x faster per sample.
+def test_two_rounds_of_a_timing_are_never_decided_but_a_count_is_exact() -> None:
+    assert verdict_from_times(m("A", 1.0, 1.0), m("B", 5.0, 5.0)).outcome == "too_close"
+    v = cmp.verdict_from_counts("fused", 3, "eager", 12, count="kernels launched")
+    assert v.outcome == "faster" and v.ratio == 4 and "kernels launched" in v.sentence()
+    assert "the same on a busy machine" in v.sentence()
+    assert cmp.verdict_from_counts("a", 10, "b", 10, count="graph breaks").outcome == "too_close"
+    with pytest.raises(ValueError, match="name what was counted"):
+        cmp.verdict_from_counts("a", 1, "b", 2, count="wall")
+
+
+def test_work_per_call_turns_times_into_per_item_times() -> None:
+    # batch 64 in 10 s per call is 156 ms per sample; batch 1 in 1 s is 1 s per sample: batch 64 is 6.4x faster.
     v = verdict_from_times(m("batch 64", 10.0, 10.0, 10.0, work=64), m("batch 1", 1.0, 1.0, 1.0, work=1))
     assert v.outcome == "faster" and v.ratio == pytest.approx(6.4)
-    assert "(6.4 vs 1 items/s," in v.sentence()  # rates, not times per call, when the work per call differs
+    assert "(156 ms vs 1 s per item," in v.sentence()
     samples = Measurement("b64", (10.0,) * 3, 64, "sample"), Measurement("b1", (1.0,) * 3, 1, "sample")
-    assert "samples/s" in verdict_from_times(*samples).sentence()
+    assert "per sample" in verdict_from_times(*samples).sentence()
 
 
-def test_one_hiccup_is_allowed_but_a_repeated_one_is_a_busy_machine() -> None:
+def test_one_hiccup_is_allowed_in_the_spread() -> None:
     assert m("A", 1.0, 1.0, 5.0, 1.0).spread == pytest.approx(1.0)
     assert m("A", 1.0, 2.5, 5.0, 1.0).spread == pytest.approx(2.5)
     assert verdict_from_times(m("A", 1.0, 1.0, 5.0, 1.0), m("B", 2.0, 2.0, 2.0, 2.0)).outcome == "faster"
+
+
+def _with_cpu(name: str, walls: tuple[float, ...], cpus: tuple[float, ...], others: float) -> Measurement:
+    return Measurement(name, walls, cpu_seconds=cpus, round_seconds=walls, others_cpu=tuple(w * others for w in walls))
+
+
+def test_a_busy_machine_moves_fixed_work_to_cpu_time_and_says_why() -> None:
+    # Wall times are stretched by other programs and disagree; the CPU times still show A doing half the work.
+    a = _with_cpu("A", (2.0, 1.0, 3.0, 1.5, 2.5), (1.0, 1.0, 1.0, 1.0, 1.0), others=1.9)
+    b = _with_cpu("B", (2.5, 3.0, 1.8, 2.2, 2.9), (2.0, 2.1, 1.9, 2.0, 2.0), others=1.9)
+    busy = cmp.Comparison({"A": a, "B": b}, threads=1, machine_cores=2)
+    v = busy.verdict("A", "B")
+    assert busy.quantity()[0] == "cpu" and v.quantity == "cpu" and v.outcome == "faster"
+    assert "by CPU time" in v.sentence() and "other programs used 1.9 of the 2 cores" in v.sentence()
+    assert "(decides)" in busy.table().splitlines()[0].split("|")[3]  # the CPU column is the one that decides
+    quiet = cmp.Comparison({"A": _with_cpu("A", a.cpu_seconds, a.cpu_seconds, 0.05),
+                            "B": _with_cpu("B", b.cpu_seconds, b.cpu_seconds, 0.05)}, threads=1, machine_cores=2)
+    assert quiet.verdict("A", "B").quantity == "wall" and "Decided on" not in quiet.verdict("A", "B").sentence()
+    # About parallelism: wall time decides whatever the load, and the cores each side had explain it.
+    par = cmp.Comparison({"A": a, "B": b}, threads=1, kind="parallel", machine_cores=2)
+    pv = par.verdict("A", "B")
+    assert pv.quantity == "wall" and "other programs used 1.9 of the machine's 2" in pv.sentence()
+    # On a GPU the host only waits: wall time.
+    assert cmp.Comparison({"A": a, "B": b}, threads=1, device="cuda", machine_cores=2).quantity()[0] == "wall"
 
 
 @pytest.mark.parametrize(
@@ -98,6 +155,8 @@ class FakeClock:
 def test_compare_interleaves_calibrates_and_measures_exact_fake_times(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
     monkeypatch.setattr(cmp, "_clock", clock)
+    monkeypatch.setattr(cmp, "_cpu_clock", clock)  # all of the time is this process's work
+    monkeypatch.setattr(cmp, "_machine_clock", clock)  # and nothing else ran
     order: list[str] = []
 
     def contender(name: str, cost: float):
@@ -119,7 +178,8 @@ def test_compare_interleaves_calibrates_and_measures_exact_fake_times(monkeypatc
     assert order[:15] == ["fast"] * 11 + ["slow"] * 4
     rounds = [["fast"] * 10 + ["slow"] * 3, ["slow"] * 3 + ["fast"] * 10] * 2
     assert order[15:] == [name for r in rounds for name in r]
-    assert result.fastest() == "fast" and "| fast | 1 ms | 4 |" in result.table()
+    assert result.fastest() == "fast" and "| fast | 1 ms | 1 ms | 1.0 | 4 |" in result.table()
+    assert result.others_cores == 0 and v.quantity == "wall"
 
 
 def test_a_slow_first_call_does_not_shorten_the_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -192,10 +252,9 @@ def test_explain_leads_with_the_verdict_and_takes_the_branch_of_its_outcome(outc
     v = verdict_from_times(*SYNTHETIC[outcome])
     text = lesson.explain(v, **BRANCHES)
     assert text.startswith(v.sentence())
-    expected_branch = {"faster": "A wins", "slower": "A lost", "too_close": "smaller than the noise", "busy": None}
+    expected_branch = {"faster": "A wins", "slower": "A lost", "too_close": "smaller than the noise"}
     for branch, marker in expected_branch.items():
-        if marker is not None:
-            assert (marker in text) == (branch == outcome)
+        assert (marker in text) == (branch == outcome)
 
 
 def test_explain_requires_every_branch_and_known_fields() -> None:
@@ -208,6 +267,6 @@ def test_explain_requires_every_branch_and_known_fields() -> None:
 
 
 def test_pick_needs_a_value_per_outcome() -> None:
-    v = verdict_from_times(*SYNTHETIC["busy"])
-    assert v.pick(faster="f", slower="s", too_close="t") is None
+    with pytest.raises(TypeError):
+        verdict_from_times(*SYNTHETIC["faster"]).pick(faster="f", slower="s")  # type: ignore[call-arg]
     assert verdict_from_times(*SYNTHETIC["slower"]).pick(faster="f", slower="s", too_close="t") == "s"

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import REPO
 from course_lib import mode, website
+from course_lib.perf import claims
 
 LESSONS = website.lessons(REPO)
 FOLDERS = website.SiteFolders(root=REPO, mode=mode.mode())
@@ -45,3 +46,9 @@ def execute_once(lesson: Path, run_id: str) -> None:
 def test_lesson_runs(lesson, testrun_uid):
     execute_once(lesson, testrun_uid)
     assert (FOLDERS.executed / lesson.name).is_file()
+    log = website.claim_log_of(FOLDERS.executed, lesson)
+    if log.is_file():  # every verdict the lesson showed re-derives from its rounds, and none refuses to teach
+        count, found = claims.check_file(log)
+        assert not found, f"{lesson.name}: {count} claims, inconsistent:\n" + "\n".join(found)
+        shown = log.read_text(encoding="utf-8")
+        assert "too busy" not in shown and lesson.name in shown

@@ -187,8 +187,8 @@ def time_against_original(candidate: Trainer, *, seed: int, cfg: ChallengeConfig
     """Measure ``candidate`` against :func:`train_original` side by side; plain data for a judge.
 
     Every call trains a fresh :func:`challenge_model` on fresh data (call ``k`` of a contender uses
-    ``challenge_data(seed + k)``), so nothing can be reused from one timed call to the next. While the machine is
-    too busy to measure (the protocol's ``busy`` outcome), the measurement is repeated, up to ``attempts`` times.
+    ``challenge_data(seed + k)``), so nothing can be reused from one timed call to the next. While the rounds are
+    too noisy to grade (:func:`_too_noisy`), the measurement is repeated, up to ``attempts`` times.
     Returns ``{"attempts": [{"yours": [s, ...], "original": [s, ...], "elapsed_s": wall time of the attempt,
     "calls": timed calls per round}, ...], "clock_intact": bool, "last_call": {"seed": k, "losses": ...}}``:
     ``last_call`` is what the candidate returned for its last timed call, so a judge can check that the timed
@@ -222,7 +222,7 @@ def time_against_original(candidate: Trainer, *, seed: int, cfg: ChallengeConfig
             measured.append({"yours": list(comparison["yours"].seconds),
                              "original": list(comparison["original"].seconds),
                              "elapsed_s": elapsed, "calls": dict(comparison.calls_per_round)})
-            if comparison.verdict("yours", "original").outcome != "busy":
+            if not _too_noisy(comparison.verdict("yours", "original")):
                 break
     finally:
         protocol._clock = _TRUSTED_CLOCK
@@ -230,11 +230,18 @@ def time_against_original(candidate: Trainer, *, seed: int, cfg: ChallengeConfig
             "last_call": {"seed": last["seed"], "losses": as_losses(last["losses"])}}
 
 
+def _too_noisy(verdict: protocol.Verdict) -> bool:
+    """The same work differed by more than ``NOISY_SPREAD`` between rounds: a grade waits for a quieter attempt."""
+    return verdict.worst_spread > protocol.NOISY_SPREAD
+
+
 def judge_speed(observed: dict[str, Any], threshold: float = SPEED_THRESHOLD) -> tuple[str, protocol.Verdict | None]:
     """Judge :func:`time_against_original`'s data: ``("pass" | "slow" | "busy" | "impossible", verdict)``.
 
-    ``pass``: an attempt the protocol could decide (not ``busy``) found the candidate ``threshold`` times faster
-    (median of paired rounds), or a busy attempt found it that much faster in three rounds out of four (its lower
+    Grading judges on wall time (what the learner's timings record) and is stricter than a lesson: an attempt whose
+    rounds of the same work spread more than ``NOISY_SPREAD`` apart is "noisy".
+    ``pass``: an attempt that was not noisy found the candidate ``threshold`` times faster
+    (the ratio of the medians), or a noisy attempt found it that much faster in three rounds out of four (its lower
     quartile), which noise does not fake. ``slow``: the last decidable attempt found it slower than that.
     ``busy``: every attempt was too noisy and none showed the threshold: could not measure reliably, measure again.
     ``impossible``: the timings cannot be real (the clock was replaced, or the timed calls add up to more than the
@@ -252,7 +259,7 @@ def judge_speed(observed: dict[str, Any], threshold: float = SPEED_THRESHOLD) ->
             return "impossible", None
         verdict = protocol.verdict_from_times(protocol.Measurement("yours", tuple(yours)),
                                               protocol.Measurement("original", tuple(original)))
-        if verdict.outcome != "busy":
+        if not _too_noisy(verdict):
             if verdict.outcome == "faster" and verdict.ratio >= threshold:
                 return "pass", verdict
             decided = verdict

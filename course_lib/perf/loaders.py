@@ -363,7 +363,8 @@ def compare_loaders(
         # compare()'s own warm-up call is one more epoch per config; the rows ignore both warm-ups.
         comparison = compare(contenders, rounds=rounds, warmup=1, work=samples, min_round_s=0.0,
                              budget_s=None if budget_s is None else max(budget_s - one_round_s, 1e-3),
-                             min_rounds=min_rounds, device=device)
+                             min_rounds=min_rounds, device=device, unit="sample",
+                             kind="parallel")  # about workers
     finally:
         if bar is not None:
             bar.total = bar.n  # stopped by the budget: the bar ends where the measurement ended
