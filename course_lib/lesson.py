@@ -282,6 +282,9 @@ def explain(verdict: Any, *, faster: str, slower: str, too_close: str, **values:
     :meth:`~course_lib.perf.compare.Verdict.fields`) and from ``values`` (facts that are not measurements).
     The whole text goes to the claim log when one is set (:mod:`course_lib.perf.claims`).
     """
+    if "busy" in values:
+        raise ValueError("explain() got busy=: a busy machine is no longer an outcome (the verdict decides on CPU time "
+                         "or explains the cores instead); remove the busy= text.")
     branches = {"faster": faster, "slower": slower, "too_close": too_close}
     for name in ("faster", "slower", "too_close"):
         if not isinstance(branches[name], str) or not branches[name].strip():

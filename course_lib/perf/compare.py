@@ -370,17 +370,25 @@ class Verdict:
 
     def _sentence(self) -> str:
         f = self.fields()
-        lo, hi = (format_ratio(v) for v in self.factor_interval)
+        # Said in the direction of the number beside it: the factor's for a verdict, the ratio's for a tie.
+        lo, hi = (format_ratio(v) for v in (self.factor_interval if self.decided else (self.low, self.high)))
         per = "per " + ("unit of work" if self.unit == "unit" else self.unit)
         if self.quantity in TIMED_QUANTITIES:
             numbers = f"{f['a_time']} vs {f['b_time']} {per}, medians of {f['rounds']} interleaved rounds"
             if self.threads is not None:
                 numbers += f" with {self.threads} intra-op thread{'s' if self.threads != 1 else ''}"
-            numbers += f"; the rounds' middle half {lo}x to {hi}x"
+            spread = "the rounds' middle half" if self.rounds >= 4 else "the rounds ranged"
+            numbers += f"; {spread} {lo}x to {hi}x"
         else:
             numbers = f"{f['a_time']} vs {f['b_time']} {per}; a count, the same on a busy machine"
         if self.outcome == "too_close":
-            text = f"{self.headline()} ({numbers}), inside the noise."
+            if self.quantity in TIMED_QUANTITIES and self.rounds < MIN_TIMED_ROUNDS:
+                why = f"too few rounds to see the noise (at least {MIN_TIMED_ROUNDS} decide)"
+            elif 1 / (1 + self.band) < self.ratio < 1 + self.band:
+                why = f"a difference smaller than the {f['band']} the course treats as noise"
+            else:
+                why = "the rounds disagreed on the direction, so neither is called faster"
+            text = f"{self.headline()} ({numbers}): {why}."
         else:
             text = f"On this machine {self.headline()} ({numbers})."
         return " ".join(part for part in (text, self.reason, self.cores) if part)
@@ -391,7 +399,7 @@ class Verdict:
 
     def row(self) -> str:
         """A Markdown table row from the same statistic as the sentence (see :func:`verdict_table`)."""
-        lo, hi = (format_ratio(v) for v in self.factor_interval)
+        lo, hi = (format_ratio(v) for v in (self.factor_interval if self.decided else (self.low, self.high)))
         f = self.fields()
         if self.outcome == "too_close":
             said = f"too close ({f['ratio']}x)"
@@ -518,7 +526,9 @@ class Comparison:
     def verdict(self, a: str, b: str, *, band: float = 0.05) -> Verdict:
         """How ``a`` compares with ``b`` (see :func:`decide`), on the quantity :meth:`quantity` chooses."""
         quantity, reason = self.quantity()
-        v = verdict_from_times(self[a], self[b], band=band, quantity=quantity, threads=self.threads)
+        # A parallel comparison's contenders set their own threads or workers (their names say so).
+        threads = self.threads if self.kind == "work" else None
+        v = verdict_from_times(self[a], self[b], band=band, quantity=quantity, threads=threads)
         cores = self.cores_sentence(a, b) if self.kind == "parallel" else ""
         return Verdict(**{**v.__dict__, "reason": reason, "cores": cores})
 
