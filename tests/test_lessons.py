@@ -8,6 +8,7 @@ to first, so on two test processes the lessons split between them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,17 @@ def test_lesson_runs(lesson, testrun_uid):
         assert not found, f"{lesson.name}: {count} claims, inconsistent:\n" + "\n".join(found)
         shown = log.read_text(encoding="utf-8")
         assert "too busy" not in shown and lesson.name in shown
+
+
+@pytest.mark.timeout(600)
+def test_a_lesson_beside_two_busy_processes_still_teaches(tmp_path):
+    """Two other programs hold the cores: the welcome lesson's verdict moves to CPU time, says so, and re-derives."""
+    from course_lib.perf.busy import BusyCores
+
+    lesson = REPO / "notebooks" / "00_welcome.ipynb"
+    with BusyCores(2, max_s=300):
+        website.execute(lesson, tmp_path, force=True)
+    count, found = claims.check_file(website.claim_log_of(tmp_path, lesson))
+    assert count >= 1 and not found, found
+    shown = [json.loads(line) for line in website.claim_log_of(tmp_path, lesson).read_text().splitlines()]
+    assert all(c["quantity"] == "cpu" and "Decided on CPU time" in c["sentence"] for c in shown), shown
