@@ -298,9 +298,19 @@ def explain(verdict: Any, *, faster: str, slower: str, too_close: str, **values:
             f"the {verdict.outcome}= text uses {exc} which is neither a verdict field {sorted(verdict.fields())} "
             "nor a keyword passed to explain()."
         ) from None
-    shown = f"{verdict.sentence(log=False)} {text}".strip()
+    shown = f"{verdict.sentence()} {text}".strip()
     from course_lib.perf import claims
 
+    claims.record(verdict, shown)
+    return shown
+
+
+def state(verdict: Any) -> str:
+    """A verdict's own sentence, as shown (and written to the claim log): for a verdict that needs no explanation
+    beyond its numbers; :func:`explain` adds the branch that explains its outcome."""
+    from course_lib.perf import claims
+
+    shown = verdict.sentence()
     claims.record(verdict, shown)
     return shown
 

@@ -30,10 +30,10 @@ def lines(path: Path) -> list[dict]:
 def test_every_verdict_shown_is_logged_once_with_the_text_shown(log: Path) -> None:
     v = verdict_from_times(*FASTER)
     shown = lesson.explain(v, **BRANCHES)
-    alone = v.sentence()
-    v.sentence(log=False)  # computed, not shown
+    alone = lesson.state(v)
+    v.sentence()  # computed, not shown
     count = verdict_from_counts("fused", 3, "eager", 12, count="kernels launched")
-    count.sentence()
+    lesson.state(count)
     first, second, third = lines(log)
     assert first["sentence"] == shown and second["sentence"] == alone and third["quantity"] == "kernels launched"
     assert set(claims.FIELDS) <= set(first)

@@ -270,3 +270,18 @@ def test_pick_needs_a_value_per_outcome() -> None:
     with pytest.raises(TypeError):
         verdict_from_times(*SYNTHETIC["faster"]).pick(faster="f", slower="s")  # type: ignore[call-arg]
     assert verdict_from_times(*SYNTHETIC["slower"]).pick(faster="f", slower="s", too_close="t") == "s"
+
+
+def test_busy_cores_count_as_other_programs_not_as_the_work() -> None:
+    """BusyCores' spinning processes are children of this process, yet their CPU time is not the work's."""
+    from course_lib.perf.busy import BusyCores
+
+    def work() -> None:
+        torch.randn(64, 64) @ torch.randn(64, 64)
+
+    with BusyCores(2, max_s=30):
+        result = cmp.compare({"a": work, "b": work}, rounds=3, min_round_s=0.05, threads=1)
+    for m in result.measurements.values():
+        # one thread of work: its CPU time cannot exceed its wall time by the two spinners' worth
+        assert m.cores_used is not None and m.cores_used < 1.5, m
+    assert result.others_cores is not None and result.others_cores > 1.0

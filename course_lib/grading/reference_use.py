@@ -35,6 +35,8 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "17": ("course_lib.perf.challenge.train_reference",),
     "15": ("course_lib.perf.checkpointing.count_saved_bytes", "course_lib.perf.checkpointing.checkpointed_forward"),
     "16": ("course_lib.perf.memory_format.to_channels_last", "course_lib.perf.threads.intra_op_threads"),
+    "18": ("course_lib.perf.compare.decide", "course_lib.perf.compare.choose_quantity",
+           "course_lib.perf.compare.verdict_from_times", "course_lib.perf.compare.compare"),
 }
 
 

@@ -11,7 +11,16 @@ import multiprocessing as mp
 import time
 from types import TracebackType
 
-__all__ = ["BusyCores", "spin"]
+__all__ = ["BusyCores", "spin", "spinning_pids"]
+
+# The processes BusyCores runs stand in for *other programs*: the measurement protocol leaves their CPU time out of
+# the work it measures (course_lib.perf.compare counts its own child processes, such as DataLoader workers).
+_SPINNING: set[int] = set()
+
+
+def spinning_pids() -> frozenset[int]:
+    """The process ids of the spinning processes running now (empty outside a ``BusyCores`` block)."""
+    return frozenset(_SPINNING)
 
 
 def spin(seconds: float) -> None:
@@ -43,6 +52,7 @@ class BusyCores:
         self.processes = [ctx.Process(target=spin, args=(self.max_s,), daemon=True) for _ in range(self.n)]
         for p in self.processes:
             p.start()
+            _SPINNING.add(p.pid)
         time.sleep(0.3 if self.n else 0.0)  # let them get going before anything is measured
         return self
 
@@ -52,4 +62,5 @@ class BusyCores:
             p.terminate()
         for p in self.processes:
             p.join(timeout=5)
+            _SPINNING.discard(p.pid)
         self.processes = []

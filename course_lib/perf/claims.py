@@ -1,7 +1,7 @@
 """The claim log: every verdict a lesson shows, one JSON line each, and a check that re-derives them.
 
 With ``COURSE_CLAIM_LOG=<path>`` set, every verdict shown (by :func:`course_lib.lesson.explain` or
-:meth:`~course_lib.perf.compare.Verdict.sentence`) appends one line to that file. The format is stable (the
+:func:`course_lib.lesson.state`) appends one line to that file. The format is stable (the
 workshop tools collect these files across a room of laptops); each line is a JSON object with:
 
 ``format`` (1), ``lesson`` (the notebook's file name, or ``""``), ``a``, ``b``, ``outcome`` (``faster``,

@@ -28,7 +28,7 @@ The protocol:
 
 Texts that explain a number are generated from a :class:`Verdict` (:meth:`Verdict.sentence`,
 :meth:`Verdict.pick`, :func:`course_lib.lesson.explain`), never written next to it by hand; with
-``COURSE_CLAIM_LOG`` set, every verdict shown is logged (:mod:`course_lib.perf.claims`).
+``COURSE_CLAIM_LOG`` set, every verdict a lesson shows is logged (:mod:`course_lib.perf.claims`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import psutil
 import torch
 
 from course_lib.device import apply_course_threads, course_threads, synchronize
+from course_lib.perf.busy import spinning_pids
 
 __all__ = [
     "OUTCOMES",
@@ -56,6 +57,7 @@ __all__ = [
     "Comparison",
     "compare",
     "decide",
+    "choose_quantity",
     "verdict_from_times",
     "verdict_from_counts",
     "verdict_table",
@@ -85,7 +87,10 @@ def _own_cpu() -> float:
     """
     reaped = os.times()
     total = time.process_time() + reaped.children_user + reaped.children_system
+    others = spinning_pids()  # BusyCores' processes stand in for other programs: not this work
     for child in multiprocessing.active_children():
+        if child.pid in others:
+            continue
         try:
             t = psutil.Process(child.pid).cpu_times()
         except (psutil.Error, ValueError):  # ended between listing and reading: counted once reaped
@@ -191,6 +196,20 @@ def decide(a_times: Sequence[float], b_times: Sequence[float], *, band: float = 
     else:
         outcome = "too_close"
     return outcome, ratio, low, high
+
+
+def choose_quantity(kind: str, others_cores: float, device: str = "cpu") -> str:
+    """``"cpu"`` or ``"wall"``: what a comparison of ``kind`` decides on, given the cores other programs used.
+
+    CPU time only for fixed work (``kind="work"``) on a CPU while other programs used ``CONTENDED_CORES`` or more:
+    then wall time measures the wait for a core, CPU time still the work. A comparison about parallelism is about
+    wall time (more workers spend *more* CPU time to finish sooner), and on a GPU the host only waits.
+
+    Written by the learner in exercise 18 (``exercises/18_measuring.ipynb``).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} must be one of {KINDS}.")
+    return "cpu" if kind == "work" and device == "cpu" and others_cores >= CONTENDED_CORES else "wall"
 
 
 def _spread(values: Sequence[float]) -> float:
@@ -355,18 +374,13 @@ class Verdict:
             return f"Too close to call by {f['quantity']}: {f['a']} ran at {f['ratio']}x the speed of {f['b']}"
         return f"{f['a']} was {f['factor']}x {self.outcome} than {f['b']} by {f['quantity']}"
 
-    def sentence(self, *, log: bool = True) -> str:
+    def sentence(self) -> str:
         """One or two sentences stating the verdict with its numbers (what a lesson prints before explaining it).
 
-        With ``log`` (the default) the sentence goes to the claim log when one is set
-        (:mod:`course_lib.perf.claims`); :func:`course_lib.lesson.explain` logs its whole text instead.
+        A lesson shows it through :func:`course_lib.lesson.explain` or :func:`course_lib.lesson.state`, which also
+        write it to the claim log (:mod:`course_lib.perf.claims`).
         """
-        text = self._sentence()
-        if log:
-            from course_lib.perf import claims
-
-            claims.record(self, text)
-        return text
+        return self._sentence()
 
     def _sentence(self) -> str:
         f = self.fields()
@@ -488,6 +502,7 @@ class Comparison:
     kind: str = "work"
     device: str = "cpu"
     machine_cores: int = field(default_factory=_machine_cores)
+    measured_others_cores: float | None = None  # read once around all the rounds (the OS counts CPU time in ticks)
 
     def __getitem__(self, name: str) -> Measurement:
         if name not in self.measurements:
@@ -497,19 +512,21 @@ class Comparison:
     @property
     def others_cores(self) -> float | None:
         """Cores other programs used on average during the rounds (None when not measured)."""
+        if self.measured_others_cores is not None:
+            return self.measured_others_cores
         ms = [m for m in self.measurements.values() if m.others_cpu and m.round_seconds]
-        if not ms:
-            return None
         wall = sum(sum(m.round_seconds) for m in ms)
-        return max(0.0, sum(sum(m.others_cpu) for m in ms) / wall) if wall > 0 else None
+        if not ms or wall <= 0:
+            return None
+        return min(float(self.machine_cores), max(0.0, sum(sum(m.others_cpu) for m in ms) / wall))
 
     def quantity(self) -> tuple[str, str]:
-        """``(quantity, reason)``: what this comparison's verdicts decide on, and why in one clause."""
+        """``(quantity, reason)``: what this comparison's verdicts decide on (:func:`choose_quantity`), and why."""
         others = self.others_cores
         has_cpu = all(len(m.cpu_seconds) == len(m.seconds) and m.seconds for m in self.measurements.values())
-        if self.kind == "parallel" or self.device != "cpu" or not has_cpu or others is None:
+        if not has_cpu or others is None:
             return "wall", ""
-        if others >= CONTENDED_CORES:
+        if choose_quantity(self.kind, others, self.device) == "cpu":
             return "cpu", (f"Decided on CPU time: other programs used {others:.1f} of the {self.machine_cores} "
                            "cores during the rounds, which stretches wall-clock time but not the CPU time the "
                            "work itself needs.")
@@ -622,6 +639,7 @@ def compare(
                 calls[n] = max(1, math.ceil(min_round_s / one)) if one > 0 else 1
         rows: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
         stopped = False
+        phase_machine, phase_cpu, phase_start = _machine_clock(), _cpu_clock(), _clock()
         for i in range(rounds):
             order = names if i % 2 == 0 else names[::-1]
             round_start = _clock()
@@ -631,8 +649,12 @@ def compare(
             if budget_s is not None and i + 1 >= min_rounds and i + 1 < rounds and elapsed + last > budget_s:
                 stopped = True
                 break
+        phase_wall = _clock() - phase_start
+        phase_others = (_machine_clock() - phase_machine) - (_cpu_clock() - phase_cpu)
     finally:
         torch.set_num_threads(previous_threads)
+    cores = _machine_cores()
+    others_cores = min(float(cores), max(0.0, phase_others / phase_wall)) if phase_wall > 0 else None
     measurements = {}
     for n in names:
         c = calls[n]
@@ -641,4 +663,5 @@ def compare(
         others = tuple(max(0.0, machine - cpu) for _, cpu, machine in rows[n])
         measurements[n] = Measurement(n, walls, works[n], unit, cpu_seconds=cpus,
                                       round_seconds=tuple(w for w, _, _ in rows[n]), others_cpu=others)
-    return Comparison(measurements, n_threads, calls, stopped, kind=kind, device=device.type)
+    return Comparison(measurements, n_threads, calls, stopped, kind=kind, device=device.type, machine_cores=cores,
+                      measured_others_cores=others_cores)
