@@ -2,7 +2,7 @@
 
 Lessons explain a timing comparison only through ``lesson.explain(verdict, faster=..., slower=..., too_close=...)``.
 This test finds each such call in each notebook and renders it for synthetic verdicts of every outcome (faster,
-slower, too close, busy machine): the text must lead with the verdict's own sentence, take the branch of that
+slower, too close): the text must lead with the verdict's own sentence, take the branch of that
 outcome, and never contradict it. It also forbids the older ways of writing a number's meaning next to it.
 """
 
@@ -25,7 +25,6 @@ SYNTHETIC = {
     "faster": ((1.0, 1.1, 0.9, 1.0, 1.05), (2.0, 2.1, 1.9, 2.2, 2.0)),
     "slower": ((3.0, 3.2, 3.1, 2.9, 3.0), (1.0, 1.1, 1.0, 0.95, 1.0)),
     "too_close": ((1.0, 1.2, 0.9, 1.1, 1.0), (1.05, 0.95, 1.1, 1.0, 1.02)),
-    "busy": ((1.0, 3.5, 1.0, 3.2, 1.1), (2.0, 2.1, 1.9, 2.2, 2.0)),
 }
 # Words that state a direction; a branch must not state the opposite of its outcome.
 CONTRADICTS = {
@@ -96,17 +95,16 @@ def test_the_lessons_explain_their_comparisons_through_verdicts() -> None:
 def test_every_branch_of_every_explanation_agrees_with_its_verdict(where: str, call: ast.Call) -> None:
     keywords = {k.arg: k.value for k in call.keywords if k.arg is not None}
     branches = {}
-    for name in ("faster", "slower", "too_close", "busy"):
+    assert "busy" not in keywords, f"{where}: a busy machine is no longer an outcome; remove busy="
+    for name in ("faster", "slower", "too_close"):
         node = keywords.get(name)
-        if node is None:
-            assert name == "busy", f"{where}: explain() has no {name}= branch"
-            continue
+        assert node is not None, f"{where}: explain() has no {name}= branch"
         assert isinstance(node, ast.Constant) and isinstance(node.value, str), (
             f"{where}: the {name}= text must be a plain string template (fill numbers from the verdict's fields)"
         )
         assert not HARD_CODED.search(node.value), f"{where}: {name}= text hard-codes a ratio: {node.value!r}"
         branches[name] = node.value
-    values = {k: f"<{k}>" for k in keywords if k not in ("faster", "slower", "too_close", "busy")}
+    values = {k: f"<{k}>" for k in keywords if k not in ("faster", "slower", "too_close")}
     for outcome, (a_times, b_times) in SYNTHETIC.items():
         verdict = verdict_from_times(Measurement("A", a_times), Measurement("B", b_times))
         assert verdict.outcome == outcome
