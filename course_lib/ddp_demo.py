@@ -160,7 +160,8 @@ def one_process_reference(model: nn.Module, dataset: Dataset, global_batches: Se
     """Train ``model`` in one process with plain SGD, one step per global batch (a list of dataset indices).
 
     The loss of each step is the mean over the whole global batch: what N ranks of DDP compute together when each
-    averages its micro-batches (``loss / accum``) and DDP averages over the ranks. Returns ``model``, trained.
+    averages its micro-batches (``loss / accum``, exact here because every micro-batch holds the same number of
+    samples) and DDP averages over the ranks. Returns ``model``, trained.
 
     Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
     """

@@ -124,8 +124,11 @@ def _check_workers() -> list[Check]:
     from course_lib.perf.loaders import recommend_workers, usable_cores
 
     method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
-    note = ("workers re-import your code: keep datasets/collate_fns in modules and guard scripts with "
-            "`if __name__ == '__main__':`" if method == "spawn" else "workers are forked from this process")
+    # fork: the default on Linux up to Python 3.13; forkserver: on Linux from 3.14; spawn: macOS and Windows.
+    note = ("workers are forked from this process" if method == "fork" else
+            f"workers ({'fresh interpreters' if method == 'spawn' else 'forked from a clean server process'}) "
+            "re-import your code: keep datasets/collate_fns in modules and guard scripts with "
+            "`if __name__ == '__main__':`")
     return [
         Check("start method", INFO, f"{method}: {note}"),
         Check("CPU cores", OK, f"{usable_cores()} usable ({os.cpu_count()} in the machine); suggested num_workers "

@@ -4,12 +4,16 @@ Lessons explain a timing comparison only through ``lesson.explain(verdict, faste
 This test finds each such call in each notebook and renders it for synthetic verdicts of every outcome (faster,
 slower, too close): the text must lead with the verdict's own sentence, take the branch of that
 outcome, and never contradict it. It also forbids the older ways of writing a number's meaning next to it.
+
+The second half keeps facts the text states true: no typed counts of lessons or exercises, no factor below 1 beside
+a direction word, prediction ranges that do not overlap, and none of the statements once taught here and found wrong.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from pathlib import Path
 
@@ -117,3 +121,138 @@ def test_every_branch_of_every_explanation_agrees_with_its_verdict(where: str, c
                 assert body not in rest, f"{where}: the {other} text appeared for a {outcome} verdict"
         if outcome in CONTRADICTS:
             assert not CONTRADICTS[outcome].search(rest), f"{where}: the {outcome} text contradicts it: {rest!r}"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Facts the text states: kept true by the repository, not by a typed number
+# --------------------------------------------------------------------------------------------------------
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LIBRARY = sorted((ROOT / "course_lib").rglob("*.py"))
+
+
+def all_cells(path: Path) -> list[tuple[int, str, str]]:
+    nb = json.loads(path.read_text())
+    return [(i, c["cell_type"], "".join(c["source"])) for i, c in enumerate(nb["cells"])]
+
+
+def texts() -> list[tuple[str, str]]:
+    """Every cell of every lesson and solution, every Markdown document and every library module, with a label."""
+    found = [(f"{p.parent.name}/{p.name} cell {i}", src) for p in NOTEBOOKS for i, _, src in all_cells(p)]
+    found += [(str(p.relative_to(ROOT)), p.read_text(encoding="utf-8")) for p in DOCS + LIBRARY]
+    return found
+
+
+# "13 lessons", "the 17 exercises", "twelve lessons": a count typed into the text goes stale with the next lesson.
+# (A measurement's record, "10 students × 13 exercises", describes what was measured, not the course.)
+TYPED_COUNT = re.compile(
+    r"(?<!× )\b(\d+|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|seventeen|eighteen|nineteen|twenty)"
+    r"\s+(lessons|lesson notebooks|exercises|exercise notebooks)\b", re.I)
+
+
+def test_no_text_types_the_number_of_lessons_or_exercises() -> None:
+    offenders = [f"{where}: {m.group(0)!r}" for where, text in texts()
+                 if not where.startswith("course_lib/") for m in TYPED_COUNT.finditer(text)]
+    assert not offenders, (
+        f"typed counts of lessons/exercises: {offenders}. Count notebooks/*.ipynb and exercises/*.ipynb where the "
+        "number is shown (lesson 00 does), or say it without a number."
+    )
+
+
+def test_the_welcome_lesson_counts_lessons_and_exercises_from_the_repository() -> None:
+    source = "\n".join(src for _, kind, src in all_cells(ROOT / "notebooks" / "00_welcome.ipynb") if kind == "code")
+    assert '(root / "notebooks").glob(' in source and '(root / "exercises").glob(' in source
+
+
+DIRECTION = r"(slower|faster|less|more|smaller|larger|bigger|higher|lower|longer|shorter|quicker|cheaper)"
+# "0.75x slower": a factor below 1 with a direction word says the opposite of what it means.
+FACTOR_BELOW_ONE = re.compile(r"(?<![\d.])0?\.\d+\s*(x|×)\s+" + DIRECTION + r"\b", re.I)
+# f"{ratio:.2f}x slower": a computed ratio next to a typed direction word reads "0.75x slower" whenever the ratio
+# falls below 1. Write the factor (>= 1) and choose the word from the side the ratio fell on: f"{factor}x {word}".
+TYPED_DIRECTION = re.compile(r"\}\s*(x|×)\s+" + DIRECTION + r"\b", re.I)
+
+
+def test_a_factor_next_to_a_direction_word_is_never_below_one() -> None:
+    offenders = []
+    for path in NOTEBOOKS:
+        for index, kind, source in all_cells(path):
+            where = f"{path.parent.name}/{path.name} cell {index}"
+            offenders += [f"{where}: {m.group(0)!r}" for m in FACTOR_BELOW_ONE.finditer(source)]
+            if kind == "code":
+                offenders += [f"{where}: {m.group(0)!r} (typed direction word)"
+                              for m in TYPED_DIRECTION.finditer(source)]
+    assert not offenders, offenders
+
+
+# A prediction whose choices are ranges of a measured factor ("1-10x", "more than 100x") must split the axis into
+# ranges that do not overlap, so exactly one choice is right for a measured value: no "about the same" beside an
+# "up to 10x" that also holds 1.05x.
+RANGE_PATTERNS = [
+    (re.compile(r"(\d+(?:\.\d+)?)\s*-\s*(\d+(?:\.\d+)?)\s*x\b"), lambda m: (float(m[1]), float(m[2]))),
+    (re.compile(r"\b(?:under|below|less than|up to)\s+(\d+(?:\.\d+)?)\s*x\b"), lambda m: (0.0, float(m[1]))),
+    (re.compile(r"\b(\d+(?:\.\d+)?)\s*x or less\b"), lambda m: (0.0, float(m[1]))),
+    (re.compile(r"\b(?:more than|over|above)\s+(\d+(?:\.\d+)?)\s*x\b"), lambda m: (float(m[1]), math.inf)),
+]
+
+
+def factor_range(choice: str) -> tuple[float, float] | None:
+    for pattern, bounds in RANGE_PATTERNS:
+        match = pattern.search(choice)
+        if match:
+            return bounds(match)
+    return None
+
+
+def predict_choices() -> list[tuple[str, list[str]]]:
+    found = []
+    for path in NOTEBOOKS:
+        for index, source in code_cells(path):
+            tree = parse(source)
+            if tree is None:
+                continue
+            for call in calls(tree, "predict"):
+                node = next((k.value for k in call.keywords if k.arg == "choices"), None)
+                if isinstance(node, ast.List) and all(isinstance(e, ast.Constant) for e in node.elts):
+                    found.append((f"{path.name} cell {index}", [str(e.value) for e in node.elts]))
+    return found
+
+
+def test_factor_range_choices_do_not_overlap() -> None:
+    checked = 0
+    for where, choices in predict_choices():
+        ranges = [factor_range(c) for c in choices]
+        if not any(ranges):
+            continue
+        checked += 1
+        assert all(ranges), f"{where}: {choices} mixes factor ranges with choices that name no range"
+        ordered = sorted(ranges)
+        assert ordered[0][0] == 0.0 and ordered[-1][1] == math.inf, f"{where}: {choices} leave part of the axis out"
+        for (_, hi), (lo, _) in zip(ordered, ordered[1:]):
+            assert hi == lo, f"{where}: {choices} overlap or leave a gap at {hi} / {lo}"
+    assert checked >= 2, "lessons 00 and 08 ask for a factor range"
+
+
+# Statements once taught here and found wrong: none may come back.
+RETIRED = {
+    r"every new (input )?shape recompiles|for every new shape": "lesson 07 measures 2 compilations for 3 sizes: after "
+        "the second distinct shape the dimension is marked dynamic (automatic_dynamic_shapes)",
+    r"about the same in absolute terms": "Lightning's per-step work grows with callbacks, logging and clipping",
+    r"same shape as lesson 04": "OneCycleLR starts at max_lr/div_factor, warms up along a cosine, ends at "
+        "initial_lr/final_div_factor and cycles the momentum",
+    r"On Linux, workers are \*?forked": "Python 3.14 made forkserver the default start method on Linux",
+    r"BatchNorm (cannot train|fails) on a batch of one": "only BatchNorm1d on (N, C) features; BatchNorm2d trains "
+        "on one image",
+    r"lesson 07 measures (that|non_blocking)": "lesson 07 does not measure non_blocking",
+    r"Lightning does the same with `Trainer\(accumulate_grad_batches": "Lightning divides each loss by N (the "
+        "recipe exercise 07 shows to be wrong for unequal micro-batches)",
+    r"keeps losses and reductions|Reductions, the loss and \(on CUDA\)|reductions, softmax and\s+the loss stay in "
+    r"fp32": "on a CPU, autocast runs sum, mean and norm "
+        "of a bf16 activation in bf16: only the device's fp32 list is cast up",
+    r"autocast[^.;]*\b(keeps|has|holds|uses|stores|maintains)\b[^.;]*master weights": "autocast has one fp32 copy "
+        "of the weights and casts per operation; master weights belong to the fp16-model recipe",
+}
+
+
+@pytest.mark.parametrize("pattern", list(RETIRED), ids=[p[:40] for p in RETIRED])
+def test_a_retired_wrong_statement_does_not_come_back(pattern: str) -> None:
+    found = [where for where, text in texts() if re.search(pattern, text, re.I)]
+    assert not found, f"{found} state {pattern!r} again, which is wrong: {RETIRED[pattern]}"

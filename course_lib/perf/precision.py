@@ -4,10 +4,17 @@ What mixed precision (``torch.autocast``) actually does:
 
 * Matmuls and convolutions run in the low-precision dtype (that is where the speed is, on hardware with bf16/fp16
   units: tensor cores, AVX512-BF16/AMX on recent CPUs; elsewhere it can even be *slower*).
-* Reductions, the loss and (on CUDA) softmax and normalisation stay in fp32 (autocast's op lists), because they
-  lose too much accuracy otherwise. The weights and their gradients stay fp32; the optimizer updates fp32 weights.
+* Operations on the device's fp32 list have their inputs cast up to fp32, because they lose too much accuracy
+  otherwise: most losses (``cross_entropy``, ``mse_loss``) on both CPU and CUDA; on CUDA also softmax,
+  normalisation and reductions such as ``sum`` and ``norm``. Every other operation runs in the dtype its inputs
+  arrive in: under ``torch.autocast("cpu", dtype=torch.bfloat16)``, ``sum``, ``mean`` and ``norm`` of a bf16
+  activation are not cast up, they take and return bf16 (lesson 05 prints the dtypes on the learner's machine).
+* There is one copy of the weights, the fp32 parameters: each operation casts them as it runs (cached for the
+  forward), their gradients are fp32, and the optimizer updates them. A separate fp32 copy ("master weights")
+  belongs to the older recipe that stores the model itself in fp16; autocast keeps none.
 * **Memory is not simply halved**: parameters, gradients and optimizer state are unchanged; only the activations
-  saved for backward shrink (and autocast keeps a low-precision copy of each weight it casts).
+  saved for backward shrink (and, while the forward runs, autocast caches a low-precision cast of each
+  weight it uses).
   :func:`saved_activation_bytes` counts exactly what autograd keeps, so the comparison does not depend on which
   precision happened to run first (the process's resident memory does).
 * **Metrics differ** slightly: rounding changes the trajectory. Compare curves, not bits.
@@ -85,7 +92,7 @@ def saved_activation_bytes(
 
     Returns ``{"activation_bytes", "weight_bytes", "saved_tensors", "shared_saves", "activation_bytes_by_dtype"}``
     (``shared_saves``: saves that pointed at a storage already counted; the last maps ``"torch.float32"`` etc. to
-    bytes, which shows what autocast kept in fp32).
+    bytes, which shows what was saved in fp32 under autocast).
 
     Taught in lesson 06 (``notebooks/06_accumulation.ipynb``).
     """
