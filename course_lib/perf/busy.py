@@ -38,7 +38,7 @@ class BusyCores:
     The processes are started with ``spawn`` (the start method that works everywhere) and terminated on exit,
     also when the block raises.
 
-    Taught in lesson 12 (``notebooks/12_techniques.ipynb``).
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
 
     def __init__(self, n: int, max_s: float = 120.0) -> None:

@@ -173,6 +173,8 @@ def decide(a_times: Sequence[float], b_times: Sequence[float], *, band: float = 
     points the way the two medians do. ``low``/``high``: the middle half of the per-round ratios. Decided when the
     ratio is outside ``band`` *and* the rounds agree (``low`` above 1, or ``high`` below 1). Timings need
     ``MIN_TIMED_ROUNDS`` rounds to be decided; a count (any other ``quantity``) is exact.
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     a_times, b_times = list(a_times), list(b_times)
     if len(a_times) != len(b_times) or not a_times:
@@ -206,6 +208,8 @@ def choose_quantity(kind: str, others_cores: float, device: str = "cpu") -> str:
     wall time (more workers spend *more* CPU time to finish sooner), and on a GPU the host only waits.
 
     Written by the learner in exercise 18 (``exercises/18_measuring.ipynb``).
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} must be one of {KINDS}.")
@@ -569,7 +573,10 @@ class Comparison:
 
 
 def _time_round(fn: Callable[[], Any], calls: int, device: torch.device) -> tuple[float, float, float]:
-    """``(wall, own CPU, machine CPU)`` seconds for ``calls`` calls; the CPU probes stay outside the wall time."""
+    """``(wall, own CPU, machine CPU)`` seconds for ``calls`` calls; the CPU probes stay outside the wall time.
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
+    """
     synchronize(device)
     machine0, cpu0 = _machine_clock(), _cpu_clock()
     t0 = _clock()

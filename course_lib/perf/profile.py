@@ -92,7 +92,7 @@ def profile_steps(
     CUDA activity is recorded too when a GPU is present. With ``trace_dir``, each active window is written there by
     ``tensorboard_trace_handler`` (``tensorboard --logdir trace_dir``, or open the ``.pt.trace.json`` in Perfetto).
 
-    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     for name, value, low in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
         if not isinstance(value, int) or value < low:
@@ -132,7 +132,7 @@ def top_ops(result: ProfileResult, k: int = 5, by: str = "self_cpu_time_total") 
     ``device_time_total``. Rows: name, calls, self_cpu_ms, cpu_total_ms, self_device_ms, device_total_ms,
     self_cpu_memory_mb, and ``value_ms`` (the sort column). Remember: totals of nested operators overlap.
 
-    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k={k!r} must be an int >= 1.")
@@ -152,7 +152,7 @@ def top_ops(result: ProfileResult, k: int = 5, by: str = "self_cpu_time_total") 
 def format_rows(rows: list[dict[str, Any]], by: str = "value_ms") -> str:
     """A plain-text table of :func:`top_ops` rows.
 
-    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     lines = [f"{'operator':<40} {'calls':>6} {'self CPU ms':>12} {'CPU total ms':>13} {'self dev ms':>12}"]
     for r in rows:
