@@ -72,6 +72,8 @@ def torchrun_command(
     ``--tee 3`` copies both stdout and stderr of each worker to the console with the prefix
     ``[rankR]: `` (``--log-line-prefix-template``); the log files go to ``log_dir``.
     ``rdzv_endpoint`` (``HOST:PORT``) replaces ``--standalone`` with the multi-node style c10d rendezvous.
+
+    Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
     """
     cmd = [python or sys.executable, "-m", "torch.distributed.run"]
     if rdzv_endpoint is None:
