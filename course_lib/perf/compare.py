@@ -374,6 +374,11 @@ class Verdict:
         :mod:`course_lib.perf.claims` looks for exactly this phrase in every logged sentence.
         """
         f = self.fields()
+        if self.quantity not in TIMED_QUANTITIES:  # a count: lower is better
+            if self.outcome == "too_close":
+                return f"Too close to call in {f['quantity']}: {f['a']} was {f['ratio']}x lower than {f['b']}"
+            word = "lower" if self.outcome == "faster" else "higher"
+            return f"{f['a']} was {f['factor']}x {word} than {f['b']} in {f['quantity']}"
         if self.outcome == "too_close":
             return f"Too close to call by {f['quantity']}: {f['a']} ran at {f['ratio']}x the speed of {f['b']}"
         return f"{f['a']} was {f['factor']}x {self.outcome} than {f['b']} by {f['quantity']}"
@@ -398,8 +403,10 @@ class Verdict:
             spread = "the rounds' middle half" if self.rounds >= 4 else "the rounds ranged"
             numbers += f"; {spread} {lo}x to {hi}x"
         else:
-            numbers = f"{f['a_time']} vs {f['b_time']} {per}; a count, the same on a busy machine"
-        if self.outcome == "too_close":
+            numbers = f"{f['a_time']} vs {f['b_time']} {per}; counted, so the same on a busy machine"
+        if self.outcome == "too_close" and self.quantity not in TIMED_QUANTITIES:
+            text = f"{self.headline()} ({numbers}): a difference inside {f['band']}."
+        elif self.outcome == "too_close":
             if self.quantity in TIMED_QUANTITIES and self.rounds < MIN_TIMED_ROUNDS:
                 why = f"too few rounds to see the noise (at least {MIN_TIMED_ROUNDS} decide)"
             elif 1 / (1 + self.band) < self.ratio < 1 + self.band:
@@ -487,8 +494,10 @@ def verdict_from_counts(a: str, a_count: float, b: str, b_count: float, *, count
                         band: float = 0.05) -> Verdict:
     """A verdict on a count that does not depend on load (operators launched, bytes copied, recompilations...).
 
-    Fewer is "faster": ``a`` needs ``b_count / a_count`` times less of ``count``. Counts are exact, so any
-    difference outside ``band`` is decided.
+    Lower is better (outcome ``"faster"``, said "Nx lower"): ``a`` needs ``b_count / a_count`` times less of
+    ``count``. Counts are exact, so any difference outside ``band`` is decided.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     if not count or count in TIMED_QUANTITIES:
         raise ValueError(f"count={count!r} must name what was counted (e.g. 'operators launched').")
