@@ -42,6 +42,9 @@ def test_every_verdict_shown_is_logged_once_with_the_text_shown(log: Path) -> No
     assert first["ratio"] == pytest.approx(2.0, rel=0.05) and len(first["a_times"]) == len(first["b_times"]) == 5
     assert claims.check_file(log) == (3, [])
     assert cli.main(["claims", "check", str(log)]) == 0
+    assert claims.summary([log]) == [{"lesson": "02_dataloader.ipynb", "decided": 3, "too_close": 0,
+                                      "quantities": {"wall": 2, "kernels launched": 1}}]
+    assert cli.main(["claims", "summary", str(log)]) == 0
 
 
 def test_nothing_is_written_without_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -130,13 +130,39 @@ def check_file(path: Path) -> tuple[int, list[str]]:
     return count, found
 
 
+def summary(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """Per lesson: how many verdicts were decided and too close to call, and on which quantities."""
+    rows: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            try:
+                claim = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(claim, dict):
+                continue
+            row = rows.setdefault(str(claim.get("lesson") or Path(path).name),
+                                  {"decided": 0, "too_close": 0, "quantities": {}})
+            row["too_close" if claim.get("outcome") == "too_close" else "decided"] += 1
+            q = str(claim.get("quantity"))
+            row["quantities"][q] = row["quantities"].get(q, 0) + 1
+    return [{"lesson": name, **row} for name, row in sorted(rows.items())]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib claims",
                                      description="Check a claim log written with COURSE_CLAIM_LOG.")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="re-derive every verdict from its rounds; list each inconsistency")
     check.add_argument("paths", type=Path, nargs="+", help="claim log files (JSON lines)")
+    table = sub.add_parser("summary", help="per lesson: decided and too-close verdicts, and what they rest on")
+    table.add_argument("paths", type=Path, nargs="+", help="claim log files (JSON lines)")
     args = parser.parse_args(argv)
+    if args.command == "summary":
+        for row in summary([p for p in args.paths if p.is_file()]):
+            quantities = ", ".join(f"{q} {n}" for q, n in sorted(row["quantities"].items()))
+            print(f"{row['lesson']}: {row['decided']} decided, {row['too_close']} too close ({quantities})")
+        return 0
     bad = 0
     for path in args.paths:
         if not path.is_file():
