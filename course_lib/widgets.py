@@ -368,19 +368,21 @@ class LoaderPlayground(widgets.VBox):
 
     def run_experiment_order(self) -> list[dict[str, Any]]:
         """Measure :func:`~course_lib.perf.loaders.experiment_order` at the current batch size, live."""
-        from course_lib.perf.loaders import experiment_order, loader_sweep
+        from course_lib.perf.loaders import experiment_order, loader_sweep, samples_unit
 
         batch = self.batch_size.value
         configs = experiment_order(batch_size=batch, max_workers=self.num_workers.max)
-        largest = max(c["batch_size"] for c in configs)
-        n_batches = max(1, min(self.n_batches.value, self._batches_available(largest)))
-        note = ""
-        if n_batches < self.n_batches.value:
-            note = f" (n_batches lowered to {n_batches}: batch {largest} gives no more per epoch)"
+        # Every configuration delivers the same samples (a bigger batch fewer batches, two epochs half as many
+        # each), so the × column compares equal work: a multiple of every batch size x epochs, near what the
+        # n_batches slider asks for at this batch size, and no more than every configuration can deliver.
+        unit = samples_unit(configs)
+        most = min(self._batches_available(c["batch_size"]) * c["batch_size"] * c.get("epochs", 1) for c in configs)
+        n_samples = max(unit, min(self.n_batches.value * batch, most) // unit * unit)
+        note = f" ({n_samples} samples each)"
         self._say(f"Running the experiment order: {len(configs)} configurations{note} …")
         self.progress.clear_output()
         with self.progress:  # tqdm.auto draws its progress bar widget here
-            rows = loader_sweep(self.dataset, configs, n_batches=n_batches, device=self.device, progress=True,
+            rows = loader_sweep(self.dataset, configs, n_samples=n_samples, device=self.device, progress=True,
                                 on_row=self._add_row)
         self._say(f"Experiment order done: {len(rows)} rows{note}. Compare the × column, not raw numbers.")
         return rows

@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from course_lib.data import LoaderConfigError
-from course_lib.perf import timing
-from course_lib.perf.loaders import compare_loaders, experiment_order, loader_sweep, measure_loader, recommend_workers
+from course_lib.perf import loaders, timing
+from course_lib.perf.loaders import (
+    compare_loaders,
+    experiment_order,
+    loader_sweep,
+    measure_loader,
+    recommend_workers,
+    samples_unit,
+)
 from course_lib.perf.synthetic import SyntheticImages
 
 
@@ -121,8 +128,77 @@ def test_compare_loaders_shortens_every_epoch_alike_when_the_rounds_would_overru
     _, tight = compare_loaders(SlowItems(), configs, n_samples=64, rounds=3, budget_s=0.6, progress=False)
     shrunk = [r["n_batches"] for r in tight]
     assert shrunk[0] < 8 and shrunk[1] < 4, shrunk
-    assert shrunk[0] * 8 == pytest.approx(shrunk[1] * 16, abs=16)  # the same factor: still about equal samples
+    assert shrunk[0] * 8 == shrunk[1] * 16  # shortened alike: still exactly the same samples
+    assert tight[0]["samples"] == tight[1]["samples"] < 64
     assert all(r["rounds"] == 3 for r in tight)
+
+
+def _measured_samples(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the samples every measure_loader call delivers, in the order of the calls."""
+    seen: list[int] = []
+    real = loaders.measure_loader
+
+    def recording(*args, **kwargs):
+        row = real(*args, **kwargs)
+        seen.append(row["samples"])
+        return row
+
+    monkeypatch.setattr(loaders, "measure_loader", recording)
+    return seen
+
+
+@pytest.mark.parametrize("budget_s", [None, 0.05], ids=["roomy", "shortened to fit the budget"])
+def test_every_contender_of_compare_loaders_delivers_the_same_samples(monkeypatch: pytest.MonkeyPatch,
+                                                                      budget_s: float | None) -> None:
+    # The experiment order's own mix: batch sizes 2, 4 and 8, and the two-epoch persistent-worker pair.
+    configs = [c for c in experiment_order(batch_size=4, max_workers=1) if not c["pin_memory"]]
+    assert {c["batch_size"] for c in configs} == {2, 4, 8} and {c["epochs"] for c in configs} == {1, 2}
+    assert samples_unit(configs) == 8
+    seen = _measured_samples(monkeypatch)
+    # Items that cost time, so that a tight budget really shortens the epochs.
+    _, rows = compare_loaders(SlowItems(), configs, n_samples=48, rounds=3, budget_s=budget_s, progress=False)
+    first_warmup, measured = seen[:len(configs)], seen[len(configs):]
+    assert set(first_warmup) == {48}  # the warm-up that sizes the rounds: every contender the full count
+    assert len(set(measured)) == 1, seen  # compare()'s warm-up and every round: one count for every contender
+    samples = measured[0]
+    assert {r["samples"] for r in rows} == {samples} and samples % 8 == 0
+    assert samples == 48 if budget_s is None else 8 <= samples < 48
+    for r in rows:
+        assert r["n_batches"] * r["batch_size"] * r["epochs"] == samples
+
+
+def test_compare_loaders_refuses_sample_counts_that_would_differ() -> None:
+    data = SyntheticImages(n=48, shape=(3, 8, 8))
+    sizes = [dict(label="batch 4", batch_size=4, num_workers=0), dict(label="batch 8", batch_size=8, num_workers=0),
+             dict(label="batch 8, 2 epochs", batch_size=8, num_workers=0, epochs=2)]
+    with pytest.raises(ValueError, match="multiple of 16"):  # 24 samples: 6 batches of 4, 3 of 8, 1.5 per epoch
+        compare_loaders(data, sizes, n_samples=24, progress=False)
+    with pytest.raises(ValueError, match="n_samples"):  # n_batches per epoch: 8, 16 and 32 samples
+        compare_loaders(data, sizes, n_batches=2, progress=False)
+
+
+def test_loader_sweep_with_n_samples_gives_every_row_the_same_samples() -> None:
+    data = SyntheticImages(n=48, shape=(3, 8, 8))
+    configs = [c for c in experiment_order(batch_size=8, max_workers=1) if not c["pin_memory"]]
+    rows = loader_sweep(data, configs, n_samples=32, progress=False)
+    assert {r["samples"] for r in rows} == {32}
+    assert {r["batch_size"]: r["batches"] for r in rows if r["epochs"] == 1} == {4: 8, 8: 4, 16: 2}
+    with pytest.raises(ValueError, match="multiple of 16"):
+        loader_sweep(data, configs, n_samples=40, progress=False)
+
+
+def test_persistent_workers_are_shut_down_inside_the_timed_region() -> None:
+    import psutil
+
+    data = SyntheticImages(n=32, shape=(3, 8, 8))
+    loader = loaders._make_loader(data, batch_size=8, num_workers=1, persistent_workers=True)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    loaders._time_epochs(loader, n_batches=2, epochs=2, device=torch.device("cpu"), non_blocking=False)
+    # The loader is still alive here, yet its workers are gone: their shut-down was paid before the clock stopped,
+    # as a non-persistent loader's is.
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+    assert loader._iterator is None and not left, left
 
 
 def test_worker_memory_is_proportional_not_summed_rss() -> None:

@@ -71,6 +71,9 @@ def test_experiment_order_fills_the_table_live(playground):
     rows = playground.run_experiment_order()
     assert len(rows) >= 3 and len(playground.rows) == len(rows)
     assert seen == list(range(1, len(rows) + 1)), "the plot must be redrawn after every finished row"
+    # The × column compares equal work: every configuration (batch 8, 16, 32; one or two epochs) the same samples.
+    assert len({r["samples"] for r in rows if not r.get("skipped")}) == 1
+    assert {r["batch_size"] for r in rows} == {8, 16, 32}
     assert "done" in playground.status.value
 
 

@@ -22,6 +22,7 @@ Every measurement builds its loader through :func:`course_lib.data.make_loader`,
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -157,6 +158,7 @@ def _time_epochs(
         synchronize(device)
         steady_s += now() - t_first
         del it  # non-persistent workers shut down here; persistent ones wait for the next epoch
+    _shut_down_persistent_workers(loader)  # inside the clock, as the non-persistent workers' shut-downs are
     synchronize(device)
     total = now() - t_start - paused
     return {
@@ -165,6 +167,58 @@ def _time_epochs(
         "steady_samples_per_s": steady_samples / steady_s if steady_samples and steady_s > 0 else None,
         "first_batch_s": epoch_first[0], "epoch_first_batch_s": epoch_first, **memory,
     }
+
+
+def _shut_down_persistent_workers(loader: Iterable[Any]) -> None:
+    """Stop a DataLoader's persistent worker processes now (they would otherwise live until the loader dies).
+
+    Without persistent workers every epoch's iterator shuts its workers down when it is dropped, inside the timed
+    region; persistent workers would be shut down later, outside it. Shutting them down here makes every
+    configuration pay its workers' whole life -- start-up and shut-down -- on the clock.
+    """
+    iterator = getattr(loader, "_iterator", None)  # where DataLoader keeps the persistent workers' iterator
+    if getattr(loader, "persistent_workers", False) and iterator is not None:
+        iterator._shutdown_workers()
+        loader._iterator = None  # type: ignore[attr-defined]
+
+
+def samples_unit(configs: Sequence[dict[str, Any]]) -> int:
+    """The smallest sample count every config can deliver exactly: the LCM of each ``batch_size x epochs``.
+
+    A count that is a multiple of it gives every config whole batches in every epoch, and so the same samples.
+    """
+    sizes = []
+    for c in configs:
+        bs, epochs = c.get("batch_size"), c.get("epochs", 1)
+        if not (isinstance(bs, int) and bs >= 1 and isinstance(epochs, int) and epochs >= 1):
+            raise ValueError(f"config {c.get('label', c)!r}: batch_size={bs!r} and epochs={epochs!r} must be "
+                             "ints >= 1.")
+        sizes.append(bs * epochs)
+    return math.lcm(*sizes)
+
+
+def batches_per_epoch(cfg: dict[str, Any], n_samples: int) -> int:
+    """Batches per epoch that make ``cfg`` deliver exactly ``n_samples`` samples over all its epochs."""
+    per_batch = cfg["batch_size"] * cfg.get("epochs", 1)
+    if n_samples % per_batch:
+        raise ValueError(f"n_samples={n_samples} is not a multiple of batch_size x epochs = {per_batch} for config "
+                         f"{cfg.get('label', cfg)!r}: it would deliver a different number of samples.")
+    return n_samples // per_batch
+
+
+def _check_samples(configs: Sequence[dict[str, Any]], n_samples: int) -> int:
+    """``samples_unit(configs)``, after refusing an ``n_samples`` that some config cannot deliver exactly."""
+    if not isinstance(n_samples, int) or n_samples < 1:
+        raise ValueError(f"n_samples={n_samples!r} must be an int >= 1.")
+    unit = samples_unit(configs)
+    if n_samples % unit:
+        lower, upper = n_samples // unit * unit, (n_samples // unit + 1) * unit
+        raise ValueError(
+            f"n_samples={n_samples} is not a multiple of {unit} (the least common multiple of every config's "
+            f"batch_size x epochs), so the configs would deliver different numbers of samples; use "
+            + (f"{lower} or {upper}." if lower else f"{upper}.")
+        )
+    return unit
 
 
 def _memory_now() -> dict[str, Any]:
@@ -242,7 +296,8 @@ def loader_sweep(
     dataset: Dataset,
     configs: Sequence[dict[str, Any]],
     *,
-    n_batches: int,
+    n_batches: int | None = None,
+    n_samples: int | None = None,
     device: torch.device | str = "cpu",
     repeats: int = 1,
     progress: bool = True,
@@ -253,17 +308,26 @@ def loader_sweep(
     Rows are measured one after the other, so a burst of load elsewhere can land on one row only: use it to
     watch a sweep fill in (the playground does), and :func:`compare_loaders` to draw conclusions from one.
 
+    Give exactly one of ``n_samples`` -- every config delivers that many samples over all its epochs, so the
+    rows' samples/s come from equal work (it must be a multiple of every ``batch_size x epochs``, see
+    :func:`samples_unit`) -- and ``n_batches`` per epoch (configs with a bigger batch or more epochs then deliver
+    more samples, and their rates amortise start-up over more of them).
+
     Each row is the config plus :func:`measure_loader`'s fields and ``speedup`` (samples/s relative to the first
     row). ``on_row(row)`` is called as each row finishes, so a widget can plot the sweep live. Pinned-memory rows on
     a non-CUDA device are not measured (``skipped`` says why, ``samples_per_s`` is ``None``).
     """
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be >= 1.")
+    if (n_batches is None) == (n_samples is None):
+        raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")
     device = torch.device(device)
     for c in configs:
         missing = [k for k in ("num_workers", "batch_size") if k not in c]
         if missing:
             raise ValueError(f"config {c!r} lacks {missing}; build configs with experiment_order().")
+    if n_samples is not None:
+        _check_samples(configs, n_samples)
     rows: list[dict[str, Any]] = []
     iterator: Iterable[dict[str, Any]] = configs
     if progress:
@@ -284,7 +348,8 @@ def loader_sweep(
                        skipped=f"pin_memory only speeds up copies to a CUDA GPU; the batches go to {device.type}")
         else:
             kwargs = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
-            runs = [measure_loader(dataset, n_batches=n_batches, device=device, **kwargs) for _ in range(repeats)]
+            per_epoch = n_batches if n_samples is None else batches_per_epoch(cfg, n_samples)
+            runs = [measure_loader(dataset, n_batches=per_epoch, device=device, **kwargs) for _ in range(repeats)]
             runs.sort(key=lambda r: r["samples_per_s"])
             row.update(runs[len(runs) // 2])
             row["repeats"] = repeats
@@ -310,28 +375,42 @@ def compare_loaders(
 ) -> tuple[Comparison, list[dict[str, Any]]]:
     """Measure loader configurations through the course's protocol (:func:`course_lib.perf.compare.compare`).
 
-    Each configuration is a contender named by its ``label``; one call builds its loader and delivers ``n_batches``
-    per epoch (worker start-up included, as in training) -- or, with ``n_samples`` instead, as many batches as make
-    ``n_samples`` samples at that config's batch size, so every config does the same work. Every contender is warmed
-    up once, then the rounds run them in alternating order, so a cold cache or a burst of load elsewhere hits all of
+    Each configuration is a contender named by its ``label``; one call builds its loader and delivers its samples
+    (worker start-up and shut-down included, as in training). **Every contender delivers the same number of
+    samples**: ``n_samples`` in all, over all its epochs (a two-epoch config delivers half of them per epoch), as
+    whole batches -- so ``n_samples`` must be a multiple of every config's ``batch_size x epochs``
+    (:func:`samples_unit`; anything else is refused). ``n_batches`` per epoch instead is accepted only when every
+    config has the same ``batch_size x epochs``, which again means the same samples. Every contender is warmed up
+    once, then the rounds run them in alternating order, so a cold cache or a burst of load elsewhere hits all of
     them alike; ``budget_s`` stops the rounds early (never before three), and when the first warm-up shows that even
-    three rounds would overrun it (a busy machine), every config's epoch is shortened by the same factor (to no less
-    than a tenth, and two batches; ``rows[i]["n_batches"]`` says what was measured) so the comparison fits. Returns
-    the :class:`Comparison` (ask it for verdicts: ``comparison.verdict("workers=2", "workers=0 (main process)")``)
-    and one row per config as
-    :func:`loader_sweep` gives them: the run with the median time, ``samples_per_s`` at the median time over the
-    rounds, ``speedup`` over the first measured config, ``rounds``. Pinned-memory configs on a non-CUDA device are
-    not measured (``skipped`` says why).
+    three rounds would overrun it (a busy machine), the sample count is shortened by the same factor for every
+    config (to no less than a tenth, rounded down to a multiple of :func:`samples_unit`, at least one unit;
+    ``rows[i]["samples"]`` and ``rows[i]["n_batches"]`` say what was measured) so the comparison fits. Returns the
+    :class:`Comparison` (ask it for verdicts: ``comparison.verdict("workers=2", "workers=0 (main process)")``) and
+    one row per config as :func:`loader_sweep` gives them: the run with the median time, ``samples_per_s`` at the
+    median time over the rounds, ``speedup`` over the first measured config, ``rounds``. Pinned-memory configs on a
+    non-CUDA device are not measured (``skipped`` says why).
 
     Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
     """
     device = torch.device(device)
     measured = _measurable_configs(configs, n_batches, n_samples, device)
+    if n_samples is None:  # n_batches per epoch: the same samples only when every config has the same batch x epochs
+        if len({c["batch_size"] * c.get("epochs", 1) for c in measured}) > 1:
+            raise ValueError(
+                "compare_loaders(n_batches=...) with configs of different batch_size x epochs would give them "
+                "different numbers of samples; give n_samples (a multiple of every batch_size x epochs) instead."
+            )
+        n_samples = n_batches * measured[0]["batch_size"] * measured[0].get("epochs", 1)
+    unit = _check_samples(measured, n_samples)
     shrink = 1.0  # set after the warm-up when three rounds would overrun budget_s
 
+    def samples_now() -> int:
+        """The samples every config delivers: all of n_samples, or the same shortened count for every config."""
+        return n_samples if shrink == 1.0 else max(unit, int(n_samples * shrink) // unit * unit)
+
     def batches_of(cfg: dict[str, Any]) -> int:
-        full = n_batches if n_batches is not None else max(1, n_samples // cfg["batch_size"])
-        return full if shrink == 1.0 else max(min(2, full), round(full * shrink))
+        return batches_per_epoch(cfg, samples_now())
 
     runs: dict[str, list[dict[str, Any]]] = {c["label"]: [] for c in measured}
     bar = None
@@ -360,6 +439,7 @@ def compare_loaders(
         min_rounds = min(3, rounds)
         shrink = _shrink_to_budget(one_round_s, budget_s, min_rounds)
         samples = {c["label"]: batches_of(c) * c["batch_size"] * c.get("epochs", 1) for c in measured}
+        assert len(set(samples.values())) == 1, f"unequal work: {samples}"  # batches_per_epoch guarantees it
         # compare()'s own warm-up call is one more epoch per config; the rows ignore both warm-ups.
         comparison = compare(contenders, rounds=rounds, warmup=1, work=samples, min_round_s=0.0,
                              budget_s=None if budget_s is None else max(budget_s - one_round_s, 1e-3),
@@ -380,6 +460,8 @@ def _measurable_configs(configs: Sequence[dict[str, Any]], n_batches: int | None
         raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")
     if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 1):
         raise ValueError(f"n_samples={n_samples!r} must be an int >= 1.")
+    if n_batches is not None and (not isinstance(n_batches, int) or n_batches < 1):
+        raise ValueError(f"n_batches={n_batches!r} must be an int >= 1.")
     labels = [c.get("label") for c in configs]
     if any(not label for label in labels) or len(set(labels)) != len(labels):
         raise ValueError(f"every config needs a distinct 'label' (the contender's name); got {labels}.")
@@ -390,7 +472,7 @@ def _measurable_configs(configs: Sequence[dict[str, Any]], n_batches: int | None
 
 
 def _shrink_to_budget(one_round_s: float, budget_s: float | None, min_rounds: int) -> float:
-    """The factor every epoch is shortened by so that the rest of the comparison fits ``budget_s`` (1.0: no need).
+    """The factor every config's samples are shortened by so the rest fits ``budget_s`` (1.0: no need).
 
     Unshrunk, the rest takes compare()'s warm-up plus ``min_rounds`` rounds, each about ``one_round_s``.
     """
@@ -422,4 +504,4 @@ def _comparison_rows(configs: Sequence[dict[str, Any]], runs: dict[str, list[dic
 
 
 __all__ = ["measure_loader", "experiment_order", "loader_sweep", "compare_loaders", "recommend_workers",
-           "usable_cores"]
+           "usable_cores", "samples_unit", "batches_per_epoch"]
