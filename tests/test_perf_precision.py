@@ -37,6 +37,30 @@ def test_compare_precisions_rows() -> None:
     assert "bf16" in format_rows(rows) and "fp16" in format_rows(rows)
 
 
+def test_compare_precisions_judges_quality_on_held_out_batches_when_given() -> None:
+    seen_sizes: list[int] = []
+
+    def watched_model() -> torch.nn.Module:
+        model = make_model()  # its copies keep the hook: it sees every batch any copy runs
+        model.register_forward_hook(lambda m, inputs, out: seen_sizes.append(inputs[0].shape[0]))
+        return model
+
+    g = torch.Generator().manual_seed(1)
+    held_out = [(torch.randn(5, 8, generator=g), torch.randint(0, 4, (5,), generator=g))]
+    on_training = compare_precisions(make_model, make_batches, device="cpu", steps=3)
+    assert {r["eval_on"] for r in on_training} == {"training"}
+    # The same batches passed as "held-out" give the same numbers: val_batches replaces only what is evaluated.
+    same = compare_precisions(make_model, make_batches, device="cpu", steps=3, val_batches=make_batches)
+    assert [(r["eval_loss"], r["eval_acc"]) for r in same] == [(r["eval_loss"], r["eval_acc"]) for r in on_training]
+    judged = compare_precisions(watched_model, make_batches, device="cpu", steps=3, val_batches=lambda: held_out)
+    assert {r["eval_on"] for r in judged} == {"held-out"} and "held-out" in format_rows(judged)
+    assert 5 in seen_sizes  # the held-out batch (5 samples) was evaluated; training batches have 8
+    assert [r["final_loss"] for r in judged] == [r["final_loss"] for r in on_training]  # training is unchanged
+    assert [r["eval_loss"] for r in judged] != [r["eval_loss"] for r in on_training]
+    with pytest.raises(ValueError, match="val_batches"):
+        compare_precisions(make_model, make_batches, device="cpu", steps=3, val_batches=list)
+
+
 def test_unknown_precision_is_refused_before_work() -> None:
     calls = []
     with pytest.raises(ValueError, match="fp8"):

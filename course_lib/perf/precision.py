@@ -208,16 +208,20 @@ def compare_precisions(
     steps: int,
     precisions: Sequence[str] = ("fp32", "bf16"),
     lr: float = 1e-3,
+    val_batches: Callable[[], Sequence[tuple[torch.Tensor, torch.Tensor]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Train a copy of one model under each precision for ``steps`` steps; one row per precision.
 
     ``make_model()`` is called once (the copies share its initial weights); ``make_batches()`` once (every
-    precision sees the same batches in the same order, cycled). Rows: precision, step_ms (median, first step
+    precision sees the same batches in the same order, cycled). ``val_batches()``, when given, returns held-out
+    batches the copies never train on: quality is judged on them (on the training batches otherwise, which says
+    how well a copy fits what it saw, not how well it learned). Rows: precision, step_ms (median, first step
     excluded: a rough figure; time comparisons belong to :func:`precision_steps` + ``compare``), activation_mb,
     activation_fp32_mb and activation_int_mb (the parts saved as fp32 and as integers, e.g. max-pool indices), and
     weight_copy_mb (:func:`saved_activation_bytes`, first batch), final_loss (training loss of the last step),
-    eval_loss and eval_acc (fp32 :func:`~course_lib.train.evaluate.evaluate` of the trained copy on the batches),
-    and the ratios step_time_vs_fp32 and activation_vs_fp32 when fp32 is in the list.
+    eval_loss and eval_acc (fp32 :func:`~course_lib.train.evaluate.evaluate` of the trained copy), eval_on
+    (``"held-out"`` or ``"training"``: the batches eval_loss and eval_acc were computed on), and the ratios
+    step_time_vs_fp32 and activation_vs_fp32 when fp32 is in the list.
 
     Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
     """
@@ -229,6 +233,9 @@ def compare_precisions(
     batches = [tuple(t.to(device) for t in b[:2]) for b in make_batches()]
     if not batches:
         raise ValueError("make_batches() returned no batch.")
+    held_out = None if val_batches is None else [tuple(t.to(device) for t in b[:2]) for b in val_batches()]
+    if held_out is not None and not held_out:
+        raise ValueError("val_batches() returned no batch.")
     rows: list[dict[str, Any]] = []
     for name, amp in dtypes.items():
         model = copy.deepcopy(base).to(device).train()
@@ -255,7 +262,7 @@ def compare_precisions(
             last = loss.detach()
             if scaler.is_enabled() and scaler.get_scale() < scale_before:
                 skipped += 1
-        metrics = evaluate(model, batches, device)
+        metrics = evaluate(model, batches if held_out is None else held_out, device)
         rows.append({
             "precision": name, "device": str(device), "steps": steps,
             "step_ms": 1000 * statistics.median(times[1:]),
@@ -264,6 +271,7 @@ def compare_precisions(
             "activation_int_mb": sum(n for d, n in saved["activation_bytes_by_dtype"].items()
                                      if "int" in d or "bool" in d) / 2**20,
             "final_loss": float(last), "eval_loss": metrics["loss"], "eval_acc": metrics["acc"],
+            "eval_on": "training" if held_out is None else "held-out",
             "skipped_steps": skipped,
         })
     ref = next((r for r in rows if r["precision"] == "fp32"), None)
@@ -283,6 +291,9 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(f"{r['precision']:<9} {r['activation_mb']:>15.2f} {r['weight_copy_mb']:>17.2f} "
                      f"{r['final_loss']:>11.4f} {r['eval_loss']:>10.4f} {r['eval_acc']:>9.3f}")
+    judged_on = sorted({r["eval_on"] for r in rows if "eval_on" in r})
+    if judged_on:
+        lines.append(f"(eval loss and eval acc: on the {' and '.join(judged_on)} batches)")
     return "\n".join(lines)
 
 
