@@ -578,6 +578,8 @@ class Comparison:
             cores = "" if m.cores_used is None else f"{m.cores_used:.1f}"
             rows.append(f"| {m.name} | {format_seconds(m.median_s)} | {cpu} | {cores} | {len(m.seconds)} "
                         f"| {format_ratio(m.spread)}x |")
+        rows.append("\n*Per call: each round's time over its calls, the median over the rounds. Cores busy: CPU time "
+                    "over wall time (this process and its workers).*")
         return "\n".join(rows)
 
 

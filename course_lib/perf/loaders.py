@@ -130,7 +130,10 @@ def measure_loader(
 def _time_epochs(
     loader: Iterable[Any], *, n_batches: int, epochs: int, device: torch.device, non_blocking: bool
 ) -> dict[str, Any]:
-    """Deliver ``n_batches`` per epoch to ``device``; the timing and memory fields of :func:`measure_loader`."""
+    """Deliver ``n_batches`` per epoch to ``device``; the timing and memory fields of :func:`measure_loader`.
+
+    Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
+    """
     samples = batches = steady_samples = 0
     epoch_first: list[float] = []
     steady_s = 0.0

@@ -159,7 +159,10 @@ def _precision_name(dtype: torch.dtype | None) -> str:
 
 
 def _time_calls(call: Callable[[], Any], device: torch.device, warmup: int, reps: int) -> list[float]:
-    """Run ``call`` ``warmup`` times untimed, then ``reps`` times timed; return milliseconds per timed call."""
+    """Run ``call`` ``warmup`` times untimed, then ``reps`` times timed; return milliseconds per timed call.
+
+    Taught in lesson 08 (``notebooks/08_latency_memory.ipynb``).
+    """
     for _ in range(warmup):
         call()
     synchronize(device)
