@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
+from course_lib import atomic
 from course_lib import distributed as dist
 
 IN_FEATURES = 16
@@ -221,9 +222,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _write_json_atomically(path: Path, record: dict[str, Any]) -> None:
     """Write ``record`` to ``path`` through a temporary file and a rename: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps(record))
 
 
 def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> dict[str, Any]:

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1] / "course_lib"
 
 # Lowest layer first. A part is a top-level module or package of course_lib.
 LAYERS: list[set[str]] = [
-    {"mode", "device", "nbclean", "labsettings", "progress"},  # foundation: reads the environment and the machine
+    # foundation: reads the environment and the machine, writes files whole
+    {"mode", "device", "nbclean", "labsettings", "progress", "atomic"},
     {"data", "models", "distributed"},  # what is trained, on what, across how many processes
     {"train"},  # the training template
     {"perf"},  # measuring instruments (they may time train's pieces)
