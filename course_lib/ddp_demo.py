@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 
 from course_lib import atomic
 from course_lib import distributed as dist
+from course_lib.train.loss import mean_cross_entropy
 
 IN_FEATURES = 16
 HIDDEN = 32
@@ -172,7 +173,7 @@ def one_process_reference(model: nn.Module, dataset: Dataset, global_batches: Se
         x = torch.stack([p[0] for p in pairs])
         y = torch.stack([p[1] for p in pairs])
         optimizer.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(x), y).backward()
+        mean_cross_entropy(model(x), y).backward()
         optimizer.step()
     return model
 
@@ -270,7 +271,7 @@ def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> dict
             if step == args.steps:
                 break
             x, y = x.to(ctx.device), y.to(ctx.device)
-            loss = nn.functional.cross_entropy(model(x), y)
+            loss = mean_cross_entropy(model(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP/FSDP average the gradients across ranks here
             optimizer.step()

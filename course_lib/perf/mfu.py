@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from course_lib.device import autocast, matmul_precision
 from course_lib.models import GPTConfig, TinyGPT
 from course_lib.perf.timing import Timer
+from course_lib.train.loss import mean_cross_entropy
 from course_lib.train.optim import BETAS, param_groups
 
 # Dense peak TFLOP/s from vendor datasheets: (bf16 or fp16 tensor cores with fp32 accumulation, plain fp32).
@@ -173,7 +173,7 @@ class LMLoss(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = self.model(x)
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        return mean_cross_entropy(logits, y)  # flattened to [B*T, V], in fp32
 
 
 def batch_for_memory(total_gib: float) -> int:
