@@ -41,7 +41,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
+from course_lib import atomic
 from course_lib import distributed as dist
+from course_lib.train.loss import mean_cross_entropy
 
 IN_FEATURES = 16
 HIDDEN = 32
@@ -171,7 +173,7 @@ def one_process_reference(model: nn.Module, dataset: Dataset, global_batches: Se
         x = torch.stack([p[0] for p in pairs])
         y = torch.stack([p[1] for p in pairs])
         optimizer.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(x), y).backward()
+        mean_cross_entropy(model(x), y).backward()
         optimizer.step()
     return model
 
@@ -221,9 +223,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _write_json_atomically(path: Path, record: dict[str, Any]) -> None:
     """Write ``record`` to ``path`` through a temporary file and a rename: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps(record))
 
 
 def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> dict[str, Any]:
@@ -271,7 +271,7 @@ def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> dict
             if step == args.steps:
                 break
             x, y = x.to(ctx.device), y.to(ctx.device)
-            loss = nn.functional.cross_entropy(model(x), y)
+            loss = mean_cross_entropy(model(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP/FSDP average the gradients across ranks here
             optimizer.step()

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from course_lib import atomic
+
 ROOT = Path(__file__).resolve().parents[1]
 PASSED, FAILED, TIMEOUT, SKIPPED = "passed", "FAILED", "timeout", "skipped"
 TOTAL_BUDGET_S = 470.0  # the whole command, table included, stays under eight minutes
@@ -388,9 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = to_markdown(rows, device, wall_s=time.monotonic() - t0, argv=argv, bench=bench, log_dir=log_dir)
     args.out.mkdir(parents=True, exist_ok=True)
     out_file = args.out / f"gpu-{slug(device['name'])}.md"
-    tmp = out_file.with_suffix(".md.tmp")
-    tmp.write_text(report, encoding="utf-8")
-    os.replace(tmp, out_file)  # atomic: an interrupted run never leaves half a table
+    atomic.write_text(out_file, report)  # an interrupted run never leaves half a table
     print()
     print(format_table(rows))
     print(f"\nwritten: {out_file}")

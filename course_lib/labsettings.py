@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from course_lib import atomic
 
 WIDGETS_PLUGIN = "@jupyter-widgets/jupyterlab-manager:plugin"
 COURSE_OVERRIDES: dict[str, dict[str, Any]] = {WIDGETS_PLUGIN: {"saveState": True}}
@@ -73,11 +74,7 @@ def ensure_widget_state_saved(app_settings_dir: str | os.PathLike[str] | None = 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Atomically: JupyterLab may be reading the file while another lab starts.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".overrides-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(merged, handle, indent=2)
-            handle.write("\n")
-        os.replace(tmp, path)
+        atomic.write_text(path, json.dumps(merged, indent=2) + "\n", permissions=0o600)
     except OSError as err:
         print(f"course lab: could not write {path} ({err}); widget state will not be saved with notebooks.",
               file=sys.stderr)

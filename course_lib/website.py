@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from course_lib import bootstrap, mode
+from course_lib import atomic, bootstrap, mode
 from course_lib.perf import claims
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -127,9 +127,8 @@ def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 
     except CellExecutionError as exc:
         raise LessonFailed(f"{lesson.name} failed in {mode.mode()} mode:\n{exc}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
-    partial = out.with_suffix(".partial")
-    nbformat.write(nb, partial)
-    partial.replace(out)  # whole or not at all: a killed build never leaves half a notebook behind a valid key
+    # Whole or not at all: a killed build never leaves half a notebook behind a valid key.
+    atomic.write_with(out, lambda f: nbformat.write(nb, f), encoding="utf-8")
     key_file.write_text(key)
     return True
 

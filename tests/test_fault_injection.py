@@ -111,8 +111,8 @@ def _install_fault_points(kill_at: int | None, events: list[str], marker: Path) 
     loop_module.backward_group = backward_group
     loop_module.MetricsLog.append = append
     checkpoint_module.torch.save = chunked_save
-    checkpoint_module.os.fsync = fsync
-    checkpoint_module.os.replace = replace
+    os.fsync = fsync  # the os module course_lib.atomic calls (a forked child: undone when it exits)
+    os.replace = replace
 
 
 def _attempt(out: Path, kill_at: int | None, marker: Path, events_file: Path | None = None) -> int:

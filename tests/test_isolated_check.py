@@ -86,3 +86,40 @@ def test_checks_in_several_threads_never_overlap() -> None:
         results = list(pool.map(lambda i: run_check(_check(slow), Replay([], seed=i)), range(12)))
     assert all(r.passed for r in results)
     assert most == 1
+
+
+def test_no_environment_variable_outlives_a_check(monkeypatch) -> None:
+    """Grading sets COURSE_MODE to judge; a check or learner code may set, change or remove anything else."""
+    monkeypatch.delenv("COURSE_MODE", raising=False)
+    monkeypatch.setenv("COURSE_TEST_KEPT", "as it was")
+    monkeypatch.setenv("COURSE_TEST_REMOVED", "still here")
+    before = dict(os.environ)
+
+    def meddle(ns) -> None:
+        assert os.environ.get("COURSE_MODE") == (ns.mode if isinstance(ns, Replay) else None)
+        os.environ["COURSE_TEST_LEAK"] = "1"
+        os.environ["COURSE_TEST_KEPT"] = "changed"
+        del os.environ["COURSE_TEST_REMOVED"]
+        os.environ["COURSE_MODE"] = "full"
+
+    for ns in ({}, Replay([], seed=3, mode="smoke")):
+        assert run_check(_check(meddle), ns).passed
+        assert dict(os.environ) == before
+
+
+def test_grading_in_process_leaves_the_environment_as_it_was(monkeypatch) -> None:
+    """inprocess.observe_and_judge runs the learner's functions here (observing) and then judges: neither half
+    may leave an environment variable behind."""
+    from course_lib.grading import inprocess
+
+    monkeypatch.delenv("COURSE_TEST_LEAK", raising=False)
+    before = dict(os.environ)
+
+    def lr_at(step, cfg) -> float:
+        os.environ["COURSE_TEST_LEAK"] = str(step)
+        os.environ["COURSE_MODE"] = "full" if os.environ.get("COURSE_MODE") != "full" else "smoke"
+        return 0.0
+
+    results = inprocess.observe_and_judge("05", {"lr_at": lr_at})
+    assert results and not all(r.passed for r in results)  # it ran the learner's function (and judged it wrong)
+    assert dict(os.environ) == before

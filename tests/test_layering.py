@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1] / "course_lib"
 
 # Lowest layer first. A part is a top-level module or package of course_lib.
 LAYERS: list[set[str]] = [
-    {"mode", "device", "nbclean", "labsettings", "progress"},  # foundation: reads the environment and the machine
+    # foundation: reads the environment and the machine, writes files whole
+    {"mode", "device", "nbclean", "labsettings", "progress", "atomic"},
     {"data", "models", "distributed"},  # what is trained, on what, across how many processes
     {"train"},  # the training template
     {"perf"},  # measuring instruments (they may time train's pieces)
@@ -154,3 +156,83 @@ def test_architecture_doc_states_the_same_layers(doc: str) -> None:
     assert line is not None, f"{doc} has no 'Layers (lowest first):' line"
     stated = [{p.strip(" `.") for p in group.split(",")} for group in line.split(":", 1)[1].split("<")]
     assert stated == LAYERS, f"{doc}'s layer line differs from LAYERS in tests/test_layering.py"
+
+
+# ------------------------------------------------------------------------------------ docs/architecture.md's names
+DOC = ROOT.parent / "docs" / "architecture.md"
+
+
+def _file_table(text: str) -> dict[str, str]:
+    """The rows of the doc's "Where each file sits" table: first cell -> the whole row."""
+    rows = {}
+    for line in text.split("## Where each file sits", 1)[1].splitlines():
+        cells = line.split("|")
+        if line.startswith("| `course_lib/") and len(cells) > 2:
+            rows[cells[1].strip()] = line
+    return rows
+
+
+def _named_files(row_text: str) -> set[str]:
+    """File and folder names a table row quotes: ``shapes.py``, ``checks/exNN_*.py``, ``lab_auth/``."""
+    return set(re.findall(r"`((?:[\w*]+/)*[\w*]+\.py|\w+/)`", row_text))
+
+
+def _as_glob(name: str) -> str:
+    return name.replace("NN", "[0-9][0-9]")
+
+
+def doc_module_names(text: str) -> tuple[set[str], list[str]]:
+    """(modules of course_lib the doc names, names in the doc that match no module or folder)."""
+    modules = set(module_files())
+    named: set[str] = set()
+    missing: list[str] = []
+    for dotted in set(re.findall(r"\bcourse_lib(?:\.\w+)+", text)):
+        module = dotted
+        while module not in modules and "." in module:
+            module = module.rpartition(".")[0]
+        attribute = dotted[len(module) + 1:]
+        source = module_files()[module].read_text(encoding="utf-8")
+        if attribute and not re.search(rf"\b{re.escape(attribute.split('.')[0])}\b", source):
+            missing.append(dotted)
+        named.add(module)
+    for first, row in _file_table(text).items():
+        folders = [f for f in re.findall(r"`(course_lib/[\w/]*)`", first) if f.endswith("/")]
+        base = ROOT.parent / (folders[0] if folders else "course_lib/")
+        for name in _named_files(row):
+            name = name.removeprefix("course_lib/").rstrip("/")
+            matches: list[Path] = []
+            # ``perf/compile.py`` in the train row is relative to course_lib/; ``checks/exNN_*.py`` to the row's folder
+            for folder in [base, ROOT] if "/" in name else [base]:
+                matches = matches or sorted(p for p in folder.glob(_as_glob(name)) if "__pycache__" not in p.parts)
+            if not matches:
+                missing.append(f"{base.relative_to(ROOT.parent)}/{name}")
+            for path in matches:
+                files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+                for file in files:
+                    parts = list(file.relative_to(ROOT.parent).with_suffix("").parts)
+                    named.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        if folders:
+            named.add(folders[0].strip("/").replace("/", "."))
+    return named, sorted(missing)
+
+
+def test_architecture_doc_names_every_module_and_only_modules_that_exist() -> None:
+    """Every module of course_lib is named in docs/architecture.md (as ``course_lib.x`` or in the file table), and
+    every module, file or attribute the doc names exists: the doc cannot drift from the tree unnoticed."""
+    named, missing = doc_module_names(DOC.read_text(encoding="utf-8"))
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"
+    # A package's __init__ and __main__ are named by the package; entry points by the layer line.
+    unnamed = sorted(m for m in module_files() if m not in named and not m.endswith(".__main__")
+                     and m != "course_lib")
+    assert not unnamed, f"docs/architecture.md does not name these modules (add them to its file table): {unnamed}"
+
+
+def test_the_doc_check_sees_what_it_must() -> None:
+    """The name check fails on a planted unknown module and attribute, and counts a folder row's files."""
+    named, missing = doc_module_names(
+        "`course_lib.nowhere` `course_lib.mode.no_such_function` `course_lib.mode.by_mode`\n"
+        "## Where each file sits\n| `course_lib/train/` | `loss.py`, `gone.py`, `checks/exNN_*.py` |\n")
+    assert set(missing) == {"course_lib.nowhere", "course_lib.mode.no_such_function", "course_lib/train/gone.py",
+                            "course_lib/train/checks/exNN_*.py"}
+    assert {"course_lib.mode", "course_lib.train.loss", "course_lib.train"} <= named
+    assert "course_lib.train.loop" not in named

@@ -342,7 +342,7 @@ def test_an_immutable_checkpoint_fails_in_one_line_and_metrics_stay_with_the_che
     if not immutable:  # no chattr rights here: os.replace fails exactly as it does over an immutable file
         def refuse(*_args, **_kwargs):
             raise PermissionError(errno.EPERM, "Operation not permitted")
-        monkeypatch.setattr(checkpoint_module.os, "replace", refuse)
+        monkeypatch.setattr(os, "replace", refuse)
     try:
         code, err = _cli(capsys, "--steps", "8", "--out", str(out), "--resume")
     finally:

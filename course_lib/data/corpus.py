@@ -8,11 +8,10 @@ This module needs neither torch nor numpy, so ``python -m course_lib data prepar
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
-from course_lib import mode
+from course_lib import atomic, mode
 
 TEXT_SIZES = {"smoke": (300, 60), "full": (6000, 600)}  # lines (stories) in train, val
 FORMAT_VERSION = 1
@@ -77,17 +76,10 @@ def generate_text(root: str | Path, *, n_train: int, n_val: int, seed: int = 0) 
     rng = random.Random(seed)  # a private generator: the global `random` state is untouched
     for split, n in (("train", n_train), ("val", n_val)):
         lines = [generate_story(rng) for _ in range(n)]
-        _write_atomically(root / f"{split}.txt", "\n".join(lines) + "\n")
-    _write_atomically(meta_path, json.dumps({"params": params}, indent=2))  # last: marks the corpus complete
+        # Atomically: readers (and a concurrent writer of the same content) only ever see a whole file.
+        atomic.write_text(root / f"{split}.txt", "\n".join(lines) + "\n")
+    atomic.write_text(meta_path, json.dumps({"params": params}, indent=2))  # last: marks the corpus complete
     return root
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    # Write a private temporary file, then rename it over the target: readers (and a concurrent writer of the
-    # same content) only ever see a whole file.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def text_root(root: str | Path | None = None) -> Path:

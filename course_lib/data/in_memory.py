@@ -12,7 +12,6 @@ which still prepares every batch on the host.)
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from course_lib import atomic
 from course_lib.data.sampler import aug_seed_for
 from course_lib.progress import tqdm
 
@@ -84,9 +84,8 @@ def load_image_tensors(name: str = "shapes", *, root: str | Path | None = None, 
     val_images, val_labels = to_uint8_tensors(data.val, size=data.image_size, progress=progress)
     result = ImageTensors(train_images, train_labels, val_images, val_labels, tuple(data.mean), tuple(data.std),
                           list(data.class_names), data.image_size)
-    tmp = cache.with_suffix(f".{os.getpid()}.tmp")  # per process: parallel test workers may build it at once
-    torch.save({**result.__dict__, "mean": list(result.mean), "std": list(result.std)}, tmp)
-    tmp.replace(cache)  # atomic: a reader never sees half a file
+    # Atomic: a reader never sees half a file, and parallel test workers may build it at once.
+    atomic.torch_save({**result.__dict__, "mean": list(result.mean), "std": list(result.std)}, cache)
     return result
 
 

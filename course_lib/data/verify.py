@@ -21,6 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_lib import atomic
 from course_lib.data.errors import DataError
 from course_lib.data.shapes import SPLITS, encode_image, read_meta
 
@@ -147,7 +148,5 @@ def repair_shapes(root: str | Path) -> DataReport:
                             f"differs from the one that generated it); delete {root} and run `python -m course_lib "
                             f"data prepare` to generate it afresh.")
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        atomic.write_bytes(path, data)
     return before

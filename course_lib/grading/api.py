@@ -240,6 +240,24 @@ def preserved_globals() -> Iterator[None]:
 
 _MISSING = object()
 
+
+@contextmanager
+def preserved_environ() -> Iterator[None]:
+    """Put ``os.environ`` back as it was on entry: every variable set, changed or removed inside the block.
+
+    Grading sets ``COURSE_MODE`` for the checks it judges, and learner code or a check may set anything else
+    (``OMP_NUM_THREADS``...); none of it may outlive the check.
+    """
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k not in saved]:
+            del os.environ[key]
+        for key, value in saved.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
 # One check runs at a time in a process. Judges draw from torch's, Python's and numpy's global generators, set
 # torch's thread count and read COURSE_MODE: two judges at once (``grade --jobs``) would take each other's draws.
 _ONE_CHECK_AT_A_TIME = threading.RLock()
@@ -251,16 +269,16 @@ def isolated_check(mode: str | None = None, seed: int | None = None) -> Iterator
 
     Held across the whole check: a process-wide lock (judges never overlap), and on exit the global random
     generators (torch, ``random``, numpy), torch's intra-op thread count, grad mode, deterministic-algorithms flag,
-    ``COURSE_MODE`` and everything :func:`preserved_globals` keeps are put back. With ``seed`` (the grader judging
-    a replay) the check starts from a fixed state, whatever ran in this process before: every generator seeded
-    from the run's seed, one thread, full float32 precision, ``COURSE_MODE=mode``.
+    the environment (``COURSE_MODE`` included: :func:`preserved_environ`) and everything :func:`preserved_globals`
+    keeps are put back. With ``seed`` (the grader judging a replay) the check starts from a fixed state, whatever
+    ran in this process before: every generator seeded from the run's seed, one thread, full float32 precision,
+    ``COURSE_MODE=mode``.
     """
     import random
 
     import numpy as np
 
-    with _ONE_CHECK_AT_A_TIME:
-        saved_env = os.environ.get("COURSE_MODE")
+    with _ONE_CHECK_AT_A_TIME, preserved_environ():
         rng = (torch.get_rng_state(), random.getstate(), np.random.get_state())
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         settings = (torch.get_num_threads(), torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled(),
@@ -279,10 +297,6 @@ def isolated_check(mode: str | None = None, seed: int | None = None) -> Iterator
             with preserved_globals():  # torch's module attributes, matmul precision and default dtype
                 yield
         finally:
-            if saved_env is None:
-                os.environ.pop("COURSE_MODE", None)
-            else:
-                os.environ["COURSE_MODE"] = saved_env
             torch.set_rng_state(rng[0])
             random.setstate(rng[1])
             np.random.set_state(rng[2])

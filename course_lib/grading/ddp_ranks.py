@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from course_lib import ddp_demo
+from course_lib import atomic, ddp_demo
 from course_lib import distributed as dist
 
 CHECKPOINT = "model.pt"
@@ -293,9 +293,7 @@ def rank_process(run_dir: str, rank: int, env: dict[str, str]) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     torch.set_num_threads(1)
     record = rank_main(Path(run_dir), rank)
-    partial = Path(run_dir) / f".rank{rank}.partial"
-    torch.save(record, partial)
-    os.replace(partial, Path(run_dir) / f"rank{rank}.pt")
+    atomic.torch_save(record, Path(run_dir) / f"rank{rank}.pt")  # the parent sees a whole file or none
     sys.stdout.flush()
     sys.stderr.flush()
     # A process group or DDP reducer left alive by the learner's code must not abort the exit (gloo threads), and

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from textwrap import indent
-from typing import Any
+from typing import IO, Any
 
+from course_lib import atomic
 from course_lib.grading import sandbox
 from course_lib.grading.api import (
     checks_for,
@@ -122,9 +123,7 @@ def csv_cell(value: object) -> object:
 
 def write_csv(table: Table, exercises: list[str], out: Path) -> None:
     """One row per student: points per exercise, total, maximum, grading status and reference-use flags."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    with open(partial, "w", newline="", encoding="utf-8") as handle:
+    def write_rows(handle: IO[str]) -> None:
         writer = csv.writer(handle)
         writer.writerow(["student", *[f"ex{n}" for n in exercises], "total", "max", "status", "flags"])
         for student, per_ex in table.items():
@@ -135,7 +134,9 @@ def write_csv(table: Table, exercises: list[str], out: Path) -> None:
                                for n in exercises if per_ex[n].uses_reference]
                               + [f"ex{n} {per_ex[n].note}" for n in exercises if per_ex[n].note])
             writer.writerow([csv_cell(c) for c in (student, *earned, sum(earned), possible, status or GRADED, flags)])
-    os.replace(partial, out)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_with(out, write_rows, encoding="utf-8", newline="")
 
 
 def results_json(per_ex: dict[str, NotebookGrade], exercises: list[str]) -> dict[str, Any]:

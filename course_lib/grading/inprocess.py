@@ -19,7 +19,8 @@ from course_lib.grading.api import CheckResult, Replay, checks_for, run_check
 
 def observe_and_judge(exercise: str, ns: dict[str, Any], only: str = "") -> list[CheckResult]:
     """One result per check of ``exercise`` (whose name contains ``only``), judged from replayed observations."""
-    with api.preserved_globals():  # whatever the checks or the learner's code replace in torch is put back
+    # Whatever the checks or the learner's code replace in torch, or set in the environment, is put back.
+    with api.preserved_globals(), api.preserved_environ():
         return _observe_and_judge(exercise, ns, only)
 
 

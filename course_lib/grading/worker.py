@@ -22,8 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from course_lib import atomic
 from course_lib.grading import api, notebook
 from course_lib.grading.api import CELL_ERRORS, checks_for
 
@@ -50,9 +49,7 @@ def load_namespace(nb: dict[str, Any]) -> dict[str, Any]:
 
 
 def _save(records: list[dict[str, Any]], path: Path) -> None:
-    partial = path.with_suffix(".partial")
-    torch.save(records, partial)
-    os.replace(partial, path)  # the parent sees a whole file or none
+    atomic.torch_save(records, path)  # the parent sees a whole file or none
 
 
 def main(argv: Sequence[str] | None = None) -> int:

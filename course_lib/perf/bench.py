@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from course_lib.device import pick_device, synchronize
 from course_lib.perf.mfu import gpt_flops_per_token, peak_flops  # noqa: F401 - section (d); re-exported
+from course_lib.train.loss import mean_cross_entropy
 
 
 @dataclass
@@ -194,7 +194,7 @@ def run_minimal_loop(model: torch.nn.Module, batches: list, val: list, case: Loo
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         x, y = next(it)
-        loss = F.cross_entropy(model(x), y)
+        loss = mean_cross_entropy(model(x), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
@@ -203,7 +203,7 @@ def run_minimal_loop(model: torch.nn.Module, batches: list, val: list, case: Loo
     model.eval()
     with torch.no_grad():
         for x, y in val:
-            F.cross_entropy(model(x), y).item()
+            mean_cross_entropy(model(x), y).item()
     return timed.step_s()
 
 
@@ -220,7 +220,7 @@ def _lightning_module(model: torch.nn.Module, cfg: Any) -> Any:
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
-            return F.cross_entropy(self.net(x), y)
+            return mean_cross_entropy(self.net(x), y)
 
         def configure_optimizers(self) -> Any:
             groups = [{k: v for k, v in g.items() if k != "names"} for g in param_groups(self.net, cfg.wd)]
@@ -250,7 +250,7 @@ def run_lightning(model: torch.nn.Module, batches: list, val: list, case: LoopCa
     model.eval()
     with torch.no_grad():
         for x, y in val:
-            F.cross_entropy(model(x), y).item()
+            mean_cross_entropy(model(x), y).item()
     return timed.step_s()
 
 

@@ -32,6 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from course_lib.perf import compare as protocol
+from course_lib.train.loss import IGNORE_INDEX
 
 __all__ = [
     "IGNORE",
@@ -49,7 +50,7 @@ __all__ = [
     "time_against_original",
 ]
 
-IGNORE = -100  # target of an unlabelled sample: no loss, not counted
+IGNORE = IGNORE_INDEX  # target of an unlabelled sample: no loss, not counted (the course's one -100)
 # How many times faster than the original a submission must be. The reference reaches 5-10x on a 2-core laptop,
 # quiet or with two busy cores (docs/grading.md has the figures); 2.5x leaves room for noise and slower machines.
 SPEED_THRESHOLD = 2.5

@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from course_lib.device import autocast, matmul_precision
 from course_lib.models import GPTConfig, TinyGPT
 from course_lib.perf.timing import Timer
+from course_lib.train.loss import mean_cross_entropy
 from course_lib.train.optim import BETAS, param_groups
 
 # Dense peak TFLOP/s from vendor datasheets: (bf16 or fp16 tensor cores with fp32 accumulation, plain fp32).
@@ -173,7 +173,7 @@ class LMLoss(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = self.model(x)
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        return mean_cross_entropy(logits, y)  # flattened to [B*T, V], in fp32
 
 
 def batch_for_memory(total_gib: float) -> int:
@@ -274,6 +274,63 @@ def _warm_up(cfg: GPTBenchConfig, gpt_cfg: GPTConfig, base: TinyGPT, device: tor
     return runners, warm_s, failed
 
 
+def _warm_up_fitting(cfg: GPTBenchConfig, gpt_cfg: GPTConfig, base: TinyGPT, device: torch.device, batch: int,
+                     log: Callable[[str], None]) -> tuple[list[_Runner], dict[str, float], dict[str, str], int]:
+    """:func:`_warm_up` at ``batch``, halved after each out-of-memory error; also returns the batch that fitted."""
+    while True:
+        try:
+            runners, warm_s, failed = _warm_up(cfg, gpt_cfg, base, device, batch, log)
+            return runners, warm_s, failed, batch
+        except Exception as exc:  # anything but out-of-memory is re-raised
+            if batch == 1 or not _is_oom(exc):
+                raise
+            reason = _error_text(exc)
+        # Outside the except block, so the traceback (and the tensors its frames hold) is gone before retrying.
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        batch //= 2
+        log(f"  out of memory ({reason[:80]}...): retrying with batch {batch}")
+
+
+def _timed_rounds(runners: list[_Runner], cfg: GPTBenchConfig, device: torch.device, per_round: int, *,
+                  log: Callable[[str], None], clock: Callable[[], float], t_start: float) -> dict[str, list[float]]:
+    """Seconds of each round of ``per_round`` steps, per contender; who goes first rotates; stops at the budget."""
+    times: dict[str, list[float]] = {r.contender.name: [] for r in runners}
+    for rnd in range(cfg.rounds):
+        if rnd > 0 and clock() - t_start > cfg.time_budget_s:  # at least one round always runs
+            log(f"  time budget of {cfg.time_budget_s:.0f} s spent after {rnd} round(s)")
+            break
+        order = runners[rnd % len(runners):] + runners[: rnd % len(runners)]  # rotate who goes first
+        for r in order:
+            with Timer(device) as t:
+                r.steps(per_round)
+            times[r.contender.name].append(t.elapsed)
+    return times
+
+
+def _result_rows(runners: list[_Runner], times: dict[str, list[float]], warm_s: dict[str, float], *,
+                 tokens_per_round: int, fpt: float, peak: Callable[[str], float | None]) -> list[dict[str, Any]]:
+    """One row per contender: tokens/s (median and per round), MFU, final loss, and ratios to the first."""
+    rows = []
+    for r in runners:
+        tps = [tokens_per_round / s for s in times[r.contender.name]]
+        prec = r.precision_name
+        peak_of_prec = peak(prec)
+        rows.append({
+            "contender": r.contender.name, "precision": prec, "compiled": r.contender.compiled,
+            "tokens_per_s": statistics.median(tps), "tokens_per_s_rounds": tps, "peak_flops": peak_of_prec,
+            "mfu": mfu(statistics.median(tps), fpt, peak_of_prec),
+            "final_loss": float(r.last_loss) if r.last_loss is not None else float("nan"),
+            "warmup_s": warm_s[r.contender.name],
+        })
+    head = rows[0]
+    for row in rows:
+        per_round_ratio = [a / b for a, b in zip(row["tokens_per_s_rounds"], head["tokens_per_s_rounds"])]
+        row["vs_first"] = statistics.median(per_round_ratio)
+        row["vs_first_range"] = (min(per_round_ratio), max(per_round_ratio))
+    return rows
+
+
 def run_gpt_bench(cfg: GPTBenchConfig, device: torch.device | str, *, peak_tflops: float | None = None,
                   log: Callable[[str], None] = print, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Train each contender of ``cfg`` side by side on ``device``: tokens/s, MFU and ratios (see the module doc).
@@ -291,50 +348,15 @@ def run_gpt_bench(cfg: GPTBenchConfig, device: torch.device | str, *, peak_tflop
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     batch = cfg.batch or auto_batch(device, cfg.model)
     t_start = clock()
-    while True:
-        try:
-            runners, warm_s, failed = _warm_up(cfg, gpt_cfg, base, device, batch, log)
-            break
-        except Exception as exc:  # anything but out-of-memory is re-raised
-            if batch == 1 or not _is_oom(exc):
-                raise
-            reason = _error_text(exc)
-        # Outside the except block, so the traceback (and the tensors its frames hold) is gone before retrying.
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        batch //= 2
-        log(f"  out of memory ({reason[:80]}...): retrying with batch {batch}")
+    runners, warm_s, failed, batch = _warm_up_fitting(cfg, gpt_cfg, base, device, batch, log)
     if not runners:
         raise RuntimeError("every contender failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
     per_round = max(1, cfg.timed_steps // cfg.rounds)
     tokens_per_round = per_round * batch * gpt_cfg.block_size
-    times: dict[str, list[float]] = {r.contender.name: [] for r in runners}
-    for rnd in range(cfg.rounds):
-        if rnd > 0 and clock() - t_start > cfg.time_budget_s:  # at least one round always runs
-            log(f"  time budget of {cfg.time_budget_s:.0f} s spent after {rnd} round(s)")
-            break
-        order = runners[rnd % len(runners):] + runners[: rnd % len(runners)]  # rotate who goes first
-        for r in order:
-            with Timer(device) as t:
-                r.steps(per_round)
-            times[r.contender.name].append(t.elapsed)
-    rows = []
-    for r in runners:
-        tps = [tokens_per_round / s for s in times[r.contender.name]]
-        prec = r.precision_name
-        peak = peak_flops(name, peak_tflops, prec)
-        rows.append({
-            "contender": r.contender.name, "precision": prec, "compiled": r.contender.compiled,
-            "tokens_per_s": statistics.median(tps), "tokens_per_s_rounds": tps, "peak_flops": peak,
-            "mfu": mfu(statistics.median(tps), fpt, peak),
-            "final_loss": float(r.last_loss) if r.last_loss is not None else float("nan"),
-            "warmup_s": warm_s[r.contender.name],
-        })
+    times = _timed_rounds(runners, cfg, device, per_round, log=log, clock=clock, t_start=t_start)
+    rows = _result_rows(runners, times, warm_s, tokens_per_round=tokens_per_round, fpt=fpt,
+                        peak=lambda prec: peak_flops(name, peak_tflops, prec))
     head = rows[0]
-    for row in rows:
-        per_round_ratio = [a / b for a, b in zip(row["tokens_per_s_rounds"], head["tokens_per_s_rounds"])]
-        row["vs_first"] = statistics.median(per_round_ratio)
-        row["vs_first_range"] = (min(per_round_ratio), max(per_round_ratio))
     for r in runners:
         log(f"  {r.contender.name}: " + ", ".join(f"{t:,.0f}" for t in
                                                   [tokens_per_round / s for s in times[r.contender.name]])

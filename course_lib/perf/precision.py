@@ -200,6 +200,38 @@ def precision_steps(
 # --------------------------------------------------------------------------------------------------------
 # Quality (and, for benchmarks, time and memory): train a copy per precision for the same steps
 # --------------------------------------------------------------------------------------------------------
+def _train_timed(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]], device: torch.device,
+                 amp: torch.dtype | None, *, steps: int, lr: float) -> tuple[list[float], torch.Tensor, int]:
+    """Train ``model`` for ``steps`` AdamW steps under ``amp`` (batches cycled; a GradScaler for fp16).
+
+    Returns the seconds of each step (device synchronised), the last step's loss, and how many steps the scaler
+    skipped (an overflow lowers its scale).
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
+    times: list[float] = []
+    last = torch.zeros((), device=device)
+    skipped = 0
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        synchronize(device)
+        t0 = time.perf_counter()
+        with autocast(device, amp):
+            out = model(x)
+        loss = mean_cross_entropy(out, y)
+        scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+        last = loss.detach()
+        if scaler.is_enabled() and scaler.get_scale() < scale_before:
+            skipped += 1
+    return times, last, skipped
+
+
 def compare_precisions(
     make_model: Callable[[], torch.nn.Module],
     make_batches: Callable[[], Sequence[tuple[torch.Tensor, torch.Tensor]]],
@@ -240,28 +272,7 @@ def compare_precisions(
     for name, amp in dtypes.items():
         model = copy.deepcopy(base).to(device).train()
         saved = saved_activation_bytes(model, batches[0][0], amp_dtype=amp)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr)
-        scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
-        times: list[float] = []
-        last = torch.zeros((), device=device)
-        skipped = 0
-        for i in range(steps):
-            x, y = batches[i % len(batches)]
-            synchronize(device)
-            t0 = time.perf_counter()
-            with autocast(device, amp):
-                out = model(x)
-            loss = mean_cross_entropy(out, y)
-            scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-            synchronize(device)
-            times.append(time.perf_counter() - t0)
-            last = loss.detach()
-            if scaler.is_enabled() and scaler.get_scale() < scale_before:
-                skipped += 1
+        times, last, skipped = _train_timed(model, batches, device, amp, steps=steps, lr=lr)
         metrics = evaluate(model, batches if held_out is None else held_out, device)
         rows.append({
             "precision": name, "device": str(device), "steps": steps,

@@ -21,11 +21,9 @@ before anything is modified: a failed load leaves the model, optimizer and files
 from __future__ import annotations
 
 import errno
-import os
 import pickle
 import random
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from course_lib import mode
+from course_lib import atomic, mode
 from course_lib.distributed import unwrap
 from course_lib.train.guard import NonFiniteError, nonfinite_tensors, optimizer_tensors
 
@@ -109,47 +107,24 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ save
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename durable (POSIX); directories cannot be opened for fsync on Windows, where it is skipped."""
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     """Run ``write(f)`` into a temporary file beside ``path``, fsync it, then rename it over ``path``.
 
     Either the whole new file is there or the old one is untouched: a kill at any moment never leaves half a
-    checkpoint. The temporary file lives in the same directory because a rename is atomic only within one
-    filesystem.
+    checkpoint (the recipe is :func:`course_lib.atomic.write_with`). A failed write raises :class:`WriteError`.
     """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise write_error(path, exc) from exc
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp_name, path)
+        # 0o600: only the owner may read a checkpoint (what tempfile.mkstemp gave it before).
+        atomic.write_with(path, write, fsync=True, permissions=0o600)
     except BaseException as exc:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
         # A full disk shows as ENOSPC, or as torch's zip writer failing ("unexpected pos"); both become one message.
         if isinstance(exc, OSError) and not isinstance(exc, WriteError) or (
                 isinstance(exc, RuntimeError) and ("unexpected pos" in str(exc) or "write" in str(exc).lower())):
             raise write_error(path, exc) from exc
         raise
-    _fsync_directory(path.parent)
+    atomic.fsync_directory(path.parent)  # the rename itself survives a power cut
     return path
 
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
 from course_lib.train.evaluate import evaluate as reference_evaluate
-
-IGNORE = -100
+from course_lib.train.loss import IGNORE_INDEX, mean_cross_entropy
 
 
 class _Recorder(nn.Module):
@@ -41,7 +39,7 @@ def _data(seed: int, n: int = 23, ignored: int = 0) -> tuple[torch.Tensor, torch
     x = torch.randn(n, 5, generator=g)
     y = torch.randint(0, 4, (n,), generator=g)
     if ignored:
-        y[torch.randperm(n, generator=g)[:ignored]] = IGNORE
+        y[torch.randperm(n, generator=g)[:ignored]] = IGNORE_INDEX
     return x, y
 
 
@@ -54,7 +52,8 @@ def _truth(model: _Recorder, x: torch.Tensor, y: torch.Tensor) -> dict[str, floa
 
 def _mean_of_batch_means(model: _Recorder, x: torch.Tensor, y: torch.Tensor, batch: int) -> float:
     with torch.no_grad():
-        means = [F.cross_entropy(model.lin(x[i : i + batch]), y[i : i + batch]).item() for i in range(0, len(x), batch)]
+        means = [mean_cross_entropy(model.lin(x[i : i + batch]), y[i : i + batch]).item()
+                 for i in range(0, len(x), batch)]
     return sum(means) / len(means)
 
 

@@ -1,0 +1,93 @@
+"""Replace a file in one step: a reader, or a run killed half-way, sees the old file or the new one, never half.
+
+The recipe, written once here for every file the course writes that someone may read while it is written (a
+checkpoint, a grading record, the generated data, a report, a settings file):
+
+1. create a temporary file beside the target (``.<name>.<random>.tmp``: the same folder, because a rename is atomic
+   only within one file system; hidden; unique, so two processes writing the same file never share it);
+2. write into it (and, with ``fsync=True``, flush the bytes to the disk before any name points at them);
+3. ``os.replace`` it over the target (atomic on POSIX and Windows);
+4. on any failure before that (an exception, Ctrl-C), delete the temporary file: the target is untouched.
+
+A run *killed* between 1 and 3 leaves the temporary file behind (nothing can delete it); its name ends in ``.tmp``
+so a later owner of the folder can recognise and remove it (see ``course_lib.train.rundir``).
+
+For a rename that survives a power cut, call :func:`fsync_directory` on the folder afterwards (the checkpoint does).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+# The flags tempfile.mkstemp uses: create, never open an existing file, binary on Windows, not inherited by children.
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOINHERIT", 0)
+
+
+def temporary_path(path: Path) -> Path:
+    """A fresh name for a temporary file beside ``path`` (the file is not created)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+
+
+def _create_temporary(path: Path, permissions: int) -> tuple[int, Path]:
+    while True:
+        tmp = temporary_path(path)
+        try:
+            return os.open(tmp, _FLAGS, permissions), tmp
+        except FileExistsError:  # 1 in 4 billion: draw another name
+            continue
+
+
+def write_with(path: str | Path, write: Callable[[IO[Any]], object], *, encoding: str | None = None,
+               newline: str | None = None, fsync: bool = False, permissions: int = 0o666) -> Path:
+    """Call ``write(f)`` on a temporary file beside ``path``, then rename it over ``path``. Returns ``path``.
+
+    ``f`` is a binary file, or a text file when ``encoding`` is given (``newline`` as for :func:`open`).
+    ``fsync=True`` flushes the bytes to the disk before the rename. ``permissions`` is the new file's mode before
+    the umask, as for :func:`os.open` (``0o600``: only its owner may read it). The folder must exist.
+    If ``write`` (or anything before the rename) raises, the temporary file is deleted and ``path`` is untouched.
+    """
+    path = Path(path)
+    fd, tmp = _create_temporary(path, permissions)
+    try:
+        with os.fdopen(fd, "wb" if encoding is None else "w", encoding=encoding, newline=newline) as f:
+            write(f)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_bytes(path: str | Path, data: bytes, **options: Any) -> Path:
+    """``Path(path).write_bytes(data)``, atomically (``options`` as for :func:`write_with`)."""
+    return write_with(path, lambda f: f.write(data), **options)
+
+
+def write_text(path: str | Path, text: str, *, encoding: str = "utf-8", **options: Any) -> Path:
+    """``Path(path).write_text(text, encoding)``, atomically (``options`` as for :func:`write_with`)."""
+    return write_with(path, lambda f: f.write(text), encoding=encoding, **options)
+
+
+def torch_save(obj: Any, path: str | Path, **options: Any) -> Path:
+    """``torch.save(obj, path)``, atomically (``options`` as for :func:`write_with`)."""
+    import torch  # here, not at the top: the lab launcher and the settings writer never load torch
+
+    return write_with(path, lambda f: torch.save(obj, f), **options)
+
+
+def fsync_directory(directory: str | Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX); a directory cannot be opened for fsync on Windows: skipped."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
