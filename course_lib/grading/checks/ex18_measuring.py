@@ -139,27 +139,29 @@ def _verdict_cases(seed: int) -> list[dict[str, Any]]:
 
 
 def _verdicts(ns: dict[str, Any], cases: list[dict[str, Any]]) -> list[Any]:
+    """``[inputs, answer]`` per case: the inputs are recorded with the answers, so a judge can tell that the
+    answers are for this run's rounds."""
     fn = need(ns, "verdict", "define `verdict(a_times, b_times, band=0.05)`")
     out = []
     for case in cases:
         result = call(fn, list(case["a"]), list(case["b"]), band=case["band"])
+        answer: Any = one_line(result)
         if isinstance(result, (tuple, list)) and len(result) == 2:
             try:
-                out.append([str(result[0]), float(result[1])])
-                continue
+                answer = [str(result[0]), float(result[1])]
             except (TypeError, ValueError):
                 pass
-        out.append(one_line(result))
+        out.append([dict(case), answer])
     return out
 
 
 def _judged(ns: Any) -> list[tuple[dict[str, Any], Any, tuple[str, float]]]:
     cases = _verdict_cases(run_seed(ns))
     seen = observe(ns, _verdicts, cases)
-    if not isinstance(seen, list) or len(seen) != len(cases):
-        raise CheckFailed("verdict should return one answer per call")
+    if not isinstance(seen, list) or [row[0] if isinstance(row, list) and row else None for row in seen] != cases:
+        raise CheckFailed("the recorded answers are not for this run's rounds (one answer per call of verdict)")
     out = []
-    for case, got in zip(cases, seen):
+    for case, (_, got) in zip(cases, seen):
         if not isinstance(got, list):
             raise CheckFailed("verdict should return (outcome, ratio): a string and a number",
                               expected="('faster', 1.87)", got=got)
@@ -218,16 +220,20 @@ def _quantity_cases(seed: int) -> list[tuple[str, float, str]]:
     return cases
 
 
-def _quantities(ns: dict[str, Any], cases: list[tuple[str, float, str]]) -> list[str]:
+def _quantities(ns: dict[str, Any], cases: list[tuple[str, float, str]]) -> list[list[Any]]:
+    """``[kind, others_cores, device, answer]`` per case (inputs recorded with the answers)."""
     fn = need(ns, "quantity", "define `quantity(kind, others_cores, device='cpu')`")
-    return [one_line(call(fn, kind, others, device)) for kind, others, device in cases]
+    return [[kind, others, device, one_line(call(fn, kind, others, device))] for kind, others, device in cases]
 
 
 @check_for("18", "quantity: CPU time only for fixed work on a contended CPU", points=1)
 def quantity_choice(ns: Any) -> None:
     cases = _quantity_cases(run_seed(ns))
     seen = observe(ns, _quantities, cases)
-    for (kind, others, device), got in zip(cases, seen):
+    asked = [tuple(row[:3]) for row in seen] if isinstance(seen, list) else None
+    if asked != cases:
+        raise CheckFailed("the recorded answers are not for this run's comparisons", expected=cases[:3], got=asked)
+    for (kind, others, device), got in zip(cases, (row[3] for row in seen)):
         want = repr(choose_quantity(kind, others, device))
         if got != want:
             raise CheckFailed(
