@@ -40,7 +40,7 @@ def _keywords(call: ast.Call) -> set[str]:
 
 
 def test_the_checks_find_the_calls_they_guard() -> None:
-    assert _calls("compare_loaders") and _calls("compare_precisions") and _calls("verdict_from_times")
+    assert _calls("compare_loaders") and _calls("compare_precisions") and _calls("Comparison")
 
 
 @pytest.mark.parametrize("where,call", _calls("compare_loaders"), ids=lambda v: v if isinstance(v, str) else "")
@@ -56,8 +56,14 @@ def test_precision_quality_is_judged_on_held_out_data(where: str, call: ast.Call
     assert "val_batches" in _keywords(call), where
 
 
-@pytest.mark.parametrize("where,call", _calls("verdict_from_times"), ids=lambda v: v if isinstance(v, str) else "")
-def test_hand_made_verdicts_say_their_thread_count(where: str, call: ast.Call) -> None:
-    # compare() gives its verdicts the thread count it measured with; a verdict built from hand-timed rounds must
-    # be told, or its sentence leaves out a condition its result depends on.
+HAND_MADE = _calls("verdict_from_times") + _calls("Comparison")
+
+
+@pytest.mark.parametrize("where,call", HAND_MADE, ids=lambda v: v if isinstance(v, str) else "")
+def test_hand_made_verdicts_say_their_thread_count_and_the_machine_load(where: str, call: ast.Call) -> None:
+    # compare() gives its verdicts the thread count it measured with and the cores other programs used; a verdict
+    # built from hand-timed rounds must be told both, or its sentence leaves out a condition its result depends on
+    # (and it could not move to CPU time on a busy machine).
     assert "threads" in _keywords(call), where
+    if getattr(call.func, "id", getattr(call.func, "attr", None)) == "Comparison":
+        assert "measured_others_cores" in _keywords(call), where

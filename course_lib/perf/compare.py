@@ -55,6 +55,7 @@ __all__ = [
     "Measurement",
     "Verdict",
     "Comparison",
+    "OtherPrograms",
     "compare",
     "decide",
     "choose_quantity",
@@ -108,6 +109,30 @@ def _machine_cpu() -> float:
 
 _cpu_clock: Callable[[], float] = _own_cpu
 _machine_clock: Callable[[], float] = _machine_cpu
+
+
+class OtherPrograms:
+    """``with OtherPrograms() as others: ...`` then ``others.cores``: how many cores the rest of the machine used, on
+    average, while the block ran (its CPU time minus this process's and its workers', over the block's wall time).
+
+    :func:`compare` measures its rounds with it; a lesson that times contenders its own way (lesson 10) uses it to
+    build a :class:`Comparison` that chooses its clock like any other.
+
+    Taught in lesson 10 (``notebooks/10_lightning.ipynb``).
+    """
+
+    def __init__(self) -> None:
+        self.cores: float | None = None
+
+    def __enter__(self) -> OtherPrograms:
+        self._machine, self._own, self._start = _machine_clock(), _cpu_clock(), _clock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = _clock() - self._start
+        others = (_machine_clock() - self._machine) - (_cpu_clock() - self._own)
+        # The OS counts CPU time in ticks: clamp what a short block's rounding can push past the machine's cores.
+        self.cores = min(float(_machine_cores()), max(0.0, others / wall)) if wall > 0 else None
 
 
 def _machine_cores() -> int:
@@ -506,7 +531,11 @@ def verdict_from_counts(a: str, a_count: float, b: str, b_count: float, *, count
 
 @dataclass
 class Comparison:
-    """The rounds of every contender, measured in one interleaved run."""
+    """The rounds of every contender, measured in one interleaved run (by :func:`compare`, or by a lesson's own
+    timing together with :class:`OtherPrograms`); :meth:`verdict` chooses the clock and judges.
+
+    Taught in lesson 10 (``notebooks/10_lightning.ipynb``).
+    """
 
     measurements: dict[str, Measurement]
     threads: int
@@ -657,22 +686,18 @@ def compare(
                 calls[n] = max(1, math.ceil(min_round_s / one)) if one > 0 else 1
         rows: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
         stopped = False
-        phase_machine, phase_cpu, phase_start = _machine_clock(), _cpu_clock(), _clock()
-        for i in range(rounds):
-            order = names if i % 2 == 0 else names[::-1]
-            round_start = _clock()
-            for n in order:
-                rows[n].append(_time_round(contenders[n], calls[n], device))
-            elapsed, last = _clock() - started, _clock() - round_start
-            if budget_s is not None and i + 1 >= min_rounds and i + 1 < rounds and elapsed + last > budget_s:
-                stopped = True
-                break
-        phase_wall = _clock() - phase_start
-        phase_others = (_machine_clock() - phase_machine) - (_cpu_clock() - phase_cpu)
+        with OtherPrograms() as load:  # what the rest of the machine did meanwhile
+            for i in range(rounds):
+                order = names if i % 2 == 0 else names[::-1]
+                round_start = _clock()
+                for n in order:
+                    rows[n].append(_time_round(contenders[n], calls[n], device))
+                elapsed, last = _clock() - started, _clock() - round_start
+                if budget_s is not None and i + 1 >= min_rounds and i + 1 < rounds and elapsed + last > budget_s:
+                    stopped = True
+                    break
     finally:
         torch.set_num_threads(previous_threads)
-    cores = _machine_cores()
-    others_cores = min(float(cores), max(0.0, phase_others / phase_wall)) if phase_wall > 0 else None
     measurements = {}
     for n in names:
         c = calls[n]
@@ -681,5 +706,5 @@ def compare(
         others = tuple(max(0.0, machine - cpu) for _, cpu, machine in rows[n])
         measurements[n] = Measurement(n, walls, works[n], unit, cpu_seconds=cpus,
                                       round_seconds=tuple(w for w, _, _ in rows[n]), others_cpu=others)
-    return Comparison(measurements, n_threads, calls, stopped, kind=kind, device=device.type, machine_cores=cores,
-                      measured_others_cores=others_cores)
+    return Comparison(measurements, n_threads, calls, stopped, kind=kind, device=device.type,
+                      measured_others_cores=load.cores)
