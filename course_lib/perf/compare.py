@@ -169,7 +169,6 @@ def format_ratio(value: float) -> str:
     return f"{value:.2f}" if value < 1.995 else f"{value:.1f}"
 
 
-_fmt_ratio = format_ratio
 
 
 def _format_amount(value: float, quantity: str) -> str:
@@ -414,9 +413,6 @@ class Verdict:
         A lesson shows it through :func:`course_lib.lesson.explain` or :func:`course_lib.lesson.state`, which also
         write it to the claim log (:mod:`course_lib.perf.claims`).
         """
-        return self._sentence()
-
-    def _sentence(self) -> str:
         f = self.fields()
         # Said in the direction of the number beside it: the factor's for a verdict, the ratio's for a tie.
         lo, hi = (format_ratio(v) for v in (self.factor_interval if self.decided else (self.low, self.high)))
