@@ -224,7 +224,7 @@ def stage(root: Path, folders: SiteFolders, executed: list[Path], *, machine: st
                     cell["source"] = rewrite_links("".join(cell["source"]), source, root, pages, config)
             note = (f"*This page shows the lesson's outputs from a run in **{folders.mode}** mode on {machine}; "
                     "yours will differ: every number comes from the machine that runs it.*")
-            nb["cells"].insert(1, {"cell_type": "markdown", "metadata": {}, "source": note})
+            nb["cells"].insert(1, {"cell_type": "markdown", "id": "site-run-note", "metadata": {}, "source": note})
             text = json.dumps(nb, indent=1, ensure_ascii=False)
         _write_if_changed(target, text)
         staged.append(target)

@@ -51,6 +51,16 @@ WRONG: list[tuple[str, str, str, str]] = [
             _solution_kill(cfg, poll_s)
             return cfg.steps // 2
         """, "resumed"),
+    ("01", "kills after a fixed wait and returns the half-way step computed, not read", """
+        def kill_at_halfway(cfg, poll_s=0.05):
+            proc = subprocess.Popen([sys.executable, "-m", "course_lib.train", *to_argv(cfg)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(3.0)
+            proc.kill()
+            proc.wait()
+            every = cfg.eval_every
+            return -(-(cfg.steps // 2) // every) * every
+        """, "resumed"),
     ("01", "field types ignored (every value a string)", """
         def parse_overrides(argv, cls=TrainConfig):
             it = iter(argv)
@@ -761,6 +771,11 @@ WRONG: list[tuple[str, str, str, str]] = [
 
 # (exercise, what differs from the solution, the code)
 RIGHT: list[tuple[str, str, str]] = [
+    ("01", "a slow poller (a read every 0.5 s): the run holds at each checkpoint until it has been read", """
+        _solution_kill = kill_at_halfway
+        def kill_at_halfway(cfg, poll_s=0.05):
+            return _solution_kill(cfg, poll_s=0.5)
+        """),
     ("01", "resume through the training CLI's --resume in-process", """
         def resume(cfg):
             from course_lib.train.launch import run as course_run

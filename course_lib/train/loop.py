@@ -44,7 +44,13 @@ from course_lib.device import resolve_amp_dtype
 from course_lib.distributed import all_reduce_sum, get_rank, get_world_size, unwrap
 from course_lib.progress import tqdm
 from course_lib.train.accumulate import backward_group, backward_one, count_targets
-from course_lib.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint, write_error
+from course_lib.train.checkpoint import (
+    atomic_write_text,
+    hold_until_read,
+    load_checkpoint,
+    save_checkpoint,
+    write_error,
+)
 from course_lib.train.compiling import maybe_compile
 from course_lib.train.config import TrainConfig
 from course_lib.train.evaluate import evaluate
@@ -397,3 +403,5 @@ def evaluate_and_checkpoint(run: Run, done: int) -> None:
         raise NonFiniteError(message, step=done, what=what, value=None, tensors=exc.tensors) from None
     run.last_good = done
     run.log.committed()
+    if done < run.cfg.steps:
+        hold_until_read(run.ckpt, done)  # only under COURSE_CHECKPOINT_HANDSHAKE=1 (see checkpoint.py)

@@ -219,12 +219,18 @@ def _one_thread() -> Iterator[None]:
 def _kill_and_resume(ns: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     kill = need(ns, "kill_at_halfway", "define `kill_at_halfway(cfg)` in the exercise cell")
     resume = need(ns, "resume", "define `resume(cfg)` in the exercise cell")
-    from course_lib.train.checkpoint import atomic_torch_save, read_checkpoint
+    from course_lib.train.checkpoint import HANDSHAKE_ENV, atomic_torch_save, read_checkpoint
     from course_lib.train.config import TrainConfig
 
     with tempfile.TemporaryDirectory() as tmp, _one_thread():
         cfg = TrainConfig(**run, out=str(Path(tmp) / "interrupted"))
-        step = call(kill, cfg)
+        # The run holds at each checkpoint until read_checkpoint has read it twice: a poller that kills on its
+        # first read of the half-way checkpoint always sees it, however busy the machine (checkpoint.py).
+        os.environ[HANDSHAKE_ENV] = "20"  # seconds: a reader that never calls read_checkpoint is only slowed
+        try:
+            step = call(kill, cfg)
+        finally:
+            os.environ.pop(HANDSHAKE_ENV, None)
         ckpt = Path(cfg.out) / "ckpt.pt"
         on_disk = read_checkpoint(ckpt)["step"] if ckpt.exists() else None
         if ckpt.exists():
