@@ -31,8 +31,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
 RUN_ALL_TIMEOUT_MS = 150_000  # generous: CI machines are shared and noisy
-# The lesson notebooks checked through the UI (the welcome page and the DataLoader lesson with the playground).
-LESSON_PATTERNS = ("00_*.ipynb", "02_*.ipynb", "04_*.ipynb", "11_*.ipynb")
+# The lessons run through the UI (Run All): the welcome page (a question answered, reopened) and the DataLoader
+# lesson (the playground, reopened). What every lesson prints (no raw ANSI codes, no error) is checked on the outputs
+# of the run that executes each lesson once for the site (tests/test_lessons.py), not by running lessons again here.
+LESSON_PATTERNS = ("00_*.ipynb", "02_*.ipynb")
 
 
 def _code(source: str) -> dict[str, Any]:
@@ -277,6 +279,11 @@ def save_and_reopen(page, server, path: str) -> None:
         const panel = window.jupyterapp.shell.currentWidget;
         if (panel && panel.sessionContext) { await panel.sessionContext.shutdown(); }
     }""")
+    wait_for_saved_outputs(page, server, path)
+
+
+def wait_for_saved_outputs(page, server, path: str) -> None:
+    """Open ``path`` as saved (without running it) and wait until its saved widgets have rendered or failed."""
     page.goto(server.url(f"/lab/tree/{path}?reset"))
     page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell .jp-OutputArea-output", timeout=60_000)
     # Widget views render (or fail) asynchronously once the widget manager has read the saved state: wait until
@@ -440,3 +447,4 @@ def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, notebook):
         assert (("Your answer:" in page_text(page)) if notebook.name.startswith("00_")
                 else page.locator(".widget-toggle-buttons").count() >= 1), "the questions did not come back"
         shot(page.locator(".jp-NotebookPanel"), f"{notebook.stem}-reopened")
+

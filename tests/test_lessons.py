@@ -42,11 +42,31 @@ def execute_once(lesson: Path, run_id: str) -> None:
         marker.write_text(run_id)
 
 
+def raw_ansi_outputs(nb: dict) -> list[str]:
+    """Outputs (streams, text, HTML) carrying raw ANSI escape codes; tracebacks are coloured on purpose."""
+    found = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            values = [out.get("text", ""), *(out.get("data") or {}).values()]
+            texts = ["".join(v) if isinstance(v, list) else v for v in values if isinstance(v, (str, list))]
+            found += [text[:200] for text in texts if "\x1b[" in text]
+    return found
+
+
+def test_raw_ansi_codes_are_found() -> None:
+    nb = {"cells": [{"outputs": [{"output_type": "stream", "text": ["ok\n"]},
+                                 {"output_type": "execute_result", "data": {"text/plain": "\x1b[31mred\x1b[0m"}}]}]}
+    assert raw_ansi_outputs(nb) == ["\x1b[31mred\x1b[0m"]
+    assert raw_ansi_outputs({"cells": [{"cell_type": "markdown"}]}) == []
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_runs(lesson, testrun_uid):
     execute_once(lesson, testrun_uid)
-    assert (FOLDERS.executed / lesson.name).is_file()
+    executed = json.loads((FOLDERS.executed / lesson.name).read_text(encoding="utf-8"))
+    shown = raw_ansi_outputs(executed)
+    assert not shown, f"{lesson.name} prints raw ANSI colour codes (JupyterLab shows them as garbage): {shown[:3]}"
     log = website.claim_log_of(FOLDERS.executed, lesson)
     if log.is_file():  # every verdict the lesson showed re-derives from its rounds, and none refuses to teach
         count, found = claims.check_file(log)
