@@ -269,12 +269,11 @@ def test_lesson_and_exercise_run_in_a_fresh_kernel_without_the_course(fresh, tmp
     assert str(python.parents[1]) in installed.stdout, "installed into the fresh environment, not borrowed"
 
     # Exercise 05, solved (the solution notebook is the exercise with its regions filled in), run end to end, then
-    # graded by `check` the way a learner does in the hosted kernel; the blank exercise is graded too, and fails.
+    # graded by `check` the way a learner does in the hosted kernel. (That `check` fails a blank exercise with exit
+    # code 1 is tests/test_grading.py's: the command is the same wherever the course is installed.)
     solved = hosted / "solved" / "05_lr_schedule.ipynb"
-    blank = hosted / "blank" / "05_lr_schedule.ipynb"
-    for source, copy in ((REPO / "solutions" / solved.name, solved), (REPO / "exercises" / blank.name, blank)):
-        copy.parent.mkdir()
-        shutil.copy2(source, copy)
+    solved.parent.mkdir()
+    shutil.copy2(REPO / "solutions" / solved.name, solved)
     cells = _execute(solved, env, kernel)
     out, seconds = _setup_output(cells)
     assert f"course_lib {bootstrap.identity()}" in out and "Installing" not in out, out
@@ -283,10 +282,7 @@ def test_lesson_and_exercise_run_in_a_fresh_kernel_without_the_course(fresh, tmp
     assert not unexpected_ex, "\n\n".join(unexpected_ex)
     graded = subprocess.run([str(python), "-m", "course_lib", "check", "05", "--notebooks", str(solved.parent)],
                             env=env, capture_output=True, text=True, timeout=600, cwd=hosted)
-    assert graded.returncode == 0, graded.stdout + graded.stderr
-    failing = subprocess.run([str(python), "-m", "course_lib", "check", "05", "--notebooks", str(blank.parent)],
-                             env=env, capture_output=True, text=True, timeout=600, cwd=hosted)
-    assert failing.returncode == 1 and "05" in failing.stdout, failing.stdout + failing.stderr
+    assert graded.returncode == 0 and "FAIL" not in graded.stdout, graded.stdout + graded.stderr
     if known + known_ex:
         pytest.xfail("; ".join(known + known_ex))
 
