@@ -81,34 +81,6 @@ def make_dataset(n: int = 256, seed: int = 0) -> TensorDataset:
     return TensorDataset(x, y)
 
 
-class RecordingDataset(Dataset):
-    """``(x, y)`` pairs that remember which indices this process read, in order (``reads``).
-
-    Exercise 11 hands one to the learner's DDP loop on every rank: what a rank *read* shows whether it used a
-    ``DistributedSampler`` (disjoint shards) and called ``set_epoch`` (a new order each epoch). Read it with
-    ``num_workers=0``: worker processes would record into their own copies.
-    """
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        if len(x) != len(y):
-            raise ValueError(f"x has {len(x)} rows but y has {len(y)}; they must pair up.")
-        self.x, self.y = x, y
-        self.reads: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self.reads.append(int(index))
-        return self.x[index], self.y[index]
-
-
-def make_recording_dataset(n: int = 48, seed: int = 0) -> RecordingDataset:
-    """:func:`make_dataset`'s samples in a :class:`RecordingDataset`."""
-    x, y = make_dataset(n, seed).tensors
-    return RecordingDataset(x, y)
-
-
 def make_model(seed: int = 0, n_blocks: int = 1) -> DemoMLP:
     """A :class:`DemoMLP` whose initial weights depend on ``seed`` only (the same on every rank).
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from course_lib import ddp_demo
+from course_lib.grading import ddp_ranks
 
 
 def _record(rank: int, *, strategy: str = "ddp", indices=None, losses=None, identical: bool = True,
@@ -70,11 +71,11 @@ def test_global_batches_put_every_ranks_kth_group_together() -> None:
 
 
 def test_recording_dataset_remembers_reads_and_the_reference_steps_on_the_whole_batch() -> None:
-    data = ddp_demo.make_recording_dataset(8, seed=1)
+    data = ddp_ranks.make_recording_dataset(8, seed=1)
     x, y = data[5]
     assert data.reads == [5] and torch.equal(x, ddp_demo.make_dataset(8, seed=1).tensors[0][5])
     with pytest.raises(ValueError, match="pair up"):
-        ddp_demo.RecordingDataset(torch.zeros(3, 2), torch.zeros(2))
+        ddp_ranks.RecordingDataset(torch.zeros(3, 2), torch.zeros(2))
     # One reference step on a batch of 4 is one SGD step on the mean loss of those 4 samples.
     model = ddp_demo.make_model(seed=3)
     manual = ddp_demo.make_model(seed=3)

@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from course_lib.grading import challenge_judge
 from course_lib.grading.api import Replay, checks_for, run_check
-from course_lib.perf import challenge
+from course_lib.grading.challenge_judge import judge_speed, losses_match, time_against_original, train_reference
 from course_lib.perf.challenge import (
     IGNORE,
     SPEED_THRESHOLD,
@@ -21,11 +22,7 @@ from course_lib.perf.challenge import (
     challenge_data,
     challenge_model,
     channel_stats,
-    judge_speed,
-    losses_match,
-    time_against_original,
     train_original,
-    train_reference,
 )
 
 CFG = ChallengeConfig()
@@ -115,10 +112,10 @@ def test_a_busy_machine_passes_only_when_three_rounds_in_four_clear_the_threshol
     jumpy = [0.1, 0.3, 0.1, 0.32, 0.1, 0.1, 0.29]  # the same work, 3x apart between rounds: "busy"
     clear = [t / 5 for t in jumpy[:4]] + [0.1 / 5, 0.1 / 5, 0.29 / 5]
     outcome, verdict = judge_speed(_observed(clear, jumpy))
-    assert verdict is not None and challenge._too_noisy(verdict) and outcome == "pass"
+    assert verdict is not None and challenge_judge._too_noisy(verdict) and outcome == "pass"
     mixed = [0.02, 0.3, 0.02, 0.32, 0.1, 0.1, 0.29]  # 5x in two rounds, 1x in the rest
     outcome, verdict = judge_speed(_observed(mixed, jumpy))
-    assert outcome == "busy" and verdict is not None and challenge._too_noisy(verdict)
+    assert outcome == "busy" and verdict is not None and challenge_judge._too_noisy(verdict)
 
 
 def test_a_decided_attempt_after_a_busy_one_is_judged() -> None:

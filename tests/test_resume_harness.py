@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from course_lib.grading import resume_harness as harness
 from course_lib.grading.checks.ex14_checkpoint import _forgetting
-from course_lib.train import resume_harness as harness
 
 CFG = harness.HarnessConfig(seed=5, steps=10, samples=20)
 

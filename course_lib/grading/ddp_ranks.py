@@ -8,8 +8,8 @@ with ``spawn``; on Linux a ``forkserver`` is used, which skips importing torch a
 would give it (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``). Each
 rank (:func:`rank_main`)
 
-1. builds the model (same seed on every rank) and a :class:`~course_lib.ddp_demo.RecordingDataset` from
-   ``course_lib``, and counts DDP's gradient all-reduces (a communication hook registered on every
+1. builds the model (same seed on every rank) and a :class:`RecordingDataset` (defined
+   here), and counts DDP's gradient all-reduces (a communication hook registered on every
    ``DistributedDataParallel`` built in this process) and the files ``torch.save`` writes;
 2. executes the cell in a fresh namespace (``__name__`` is not ``"__main__"``) and calls
    ``fn(rank, world_size, model, dataset, cfg, out_dir)``;
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import Dataset
 
 from course_lib import atomic, ddp_demo
 from course_lib import distributed as dist
@@ -46,6 +47,34 @@ from course_lib import distributed as dist
 CHECKPOINT = "model.pt"
 CELL_NAME = "<exercise cell>"
 GRACE_S = 5.0  # after one rank failed, how long the others may still finish on their own
+
+
+class RecordingDataset(Dataset):
+    """``(x, y)`` pairs that remember which indices this process read, in order (``reads``).
+
+    Exercise 11 hands one to the learner's DDP loop on every rank: what a rank *read* shows whether it used a
+    ``DistributedSampler`` (disjoint shards) and called ``set_epoch`` (a new order each epoch). Read it with
+    ``num_workers=0``: worker processes would record into their own copies.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} rows but y has {len(y)}; they must pair up.")
+        self.x, self.y = x, y
+        self.reads: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reads.append(int(index))
+        return self.x[index], self.y[index]
+
+
+def make_recording_dataset(n: int = 48, seed: int = 0) -> RecordingDataset:
+    """:func:`course_lib.ddp_demo.make_dataset`'s samples in a :class:`RecordingDataset`."""
+    x, y = ddp_demo.make_dataset(n, seed).tensors
+    return RecordingDataset(x, y)
 
 
 class RanksFailed(RuntimeError):
@@ -258,7 +287,7 @@ def rank_main(run_dir: Path, rank: int) -> dict[str, Any]:
     _count_allreduces(counters)
     _record_saves(saves)
     model = ddp_demo.make_model(cfg["seed"])
-    dataset = ddp_demo.make_recording_dataset(cfg["n"], cfg["seed"])
+    dataset = make_recording_dataset(cfg["n"], cfg["seed"])
     record: dict[str, Any] = {"rank": rank}
     try:
         source = (run_dir / "cell.py").read_text(encoding="utf-8")

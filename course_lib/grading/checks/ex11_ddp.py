@@ -20,7 +20,7 @@ from torch.utils.data.distributed import DistributedSampler
 from course_lib import ddp_demo
 from course_lib.distributed import scaled_lr as reference_scaled_lr
 from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
-from course_lib.grading.ddp_ranks import CHECKPOINT, RanksFailed, exercise_config, run_ranks
+from course_lib.grading.ddp_ranks import CHECKPOINT, RanksFailed, exercise_config, make_recording_dataset, run_ranks
 
 WORLD = 2
 TIMEOUT_S = 240.0  # two fresh interpreters importing torch on a busy machine; a hang is what it guards against
@@ -148,7 +148,7 @@ def matches_one_process(ns: dict[str, Any]) -> None:
     cfg, run = _ranks(ns)
     global_batch = cfg["batch"] * WORLD * cfg["accum"]
     lr = reference_scaled_lr(cfg["base_lr"], cfg["base_batch"], global_batch, "linear")
-    dataset = ddp_demo.make_recording_dataset(cfg["n"], cfg["seed"])
+    dataset = make_recording_dataset(cfg["n"], cfg["seed"])
     reference = ddp_demo.one_process_reference(ddp_demo.make_model(cfg["seed"]), dataset,
                                                _global_batches(cfg, run), lr)
     want, got = ddp_demo.flat_parameters(reference), run["ranks"][0]["params"]

@@ -2,7 +2,7 @@
 
 The learner defines ``save_checkpoint(path, model, optimizer, scaler, data, step)`` and
 ``load_checkpoint(path, model, optimizer, scaler, data) -> step``. Each check runs the tiny training run of
-:mod:`course_lib.train.resume_harness` with *their* functions in the sandbox: interrupted after a step drawn from the
+:mod:`course_lib.grading.resume_harness` with *their* functions in the sandbox: interrupted after a step drawn from the
 run's seed, then resumed. The grader runs the same configuration uninterrupted and compares the losses after the
 resumption, the final weights and the GradScaler's scale bit for bit. Each check switches on one source of state
 (optimizer, RNG, data position), so a missing piece costs its own points; a failing comparison is diagnosed by
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from course_lib.grading import resume_harness as harness
 from course_lib.grading.api import CheckFailed, call, check_for, need, observe, run_seed
-from course_lib.train import resume_harness as harness
 from course_lib.train.checkpoint import rng_state, set_rng_state
 
 HOW_SAVE = "define `save_checkpoint(path, model, optimizer, scaler, data, step)`"

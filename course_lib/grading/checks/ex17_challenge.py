@@ -1,16 +1,16 @@
 """Checks for exercise 17, the capstone challenge: make a slow training epoch fast without changing its objective.
 
 The learner defines ``train_fast(model, images, labels, cfg) -> list[float]`` with the objective of
-:func:`course_lib.perf.challenge.train_reference` (one SGD-with-momentum step per group of ``cfg.accum``
+:func:`course_lib.grading.challenge_judge.train_reference` (one SGD-with-momentum step per group of ``cfg.accum``
 micro-batches, the mean loss over the group's labelled samples, one loss per step).
 
 Correctness: the learner's epoch runs on data and initial weights drawn from this grading run's seed (another
 dataset size, so another short last group, every run); the grader recomputes the reference on the same inputs and
-compares the losses and the final weights. Speed: :func:`course_lib.perf.challenge.time_against_original` times the
-learner's function against the original side by side in the sandboxed process (the course's protocol: interleaved
-rounds, median of paired ratios, re-measured while the machine is too busy) and returns the timings as
-observations; the grader judges them (:func:`course_lib.perf.challenge.judge_speed`) and checks that the last timed
-call returned the reference's losses for its data, so the timed work is the real work.
+compares the losses and the final weights. Speed: :func:`~course_lib.grading.challenge_judge.time_against_original`
+times the learner's function against the original side by side in the sandboxed process (the course's protocol:
+interleaved rounds, median of paired ratios, re-measured while the machine is too busy) and returns the timings as
+observations; the grader judges them (:func:`~course_lib.grading.challenge_judge.judge_speed`) and checks that the
+last timed call returned the reference's losses for its data, so the timed work is the real work.
 """
 
 from __future__ import annotations
@@ -21,19 +21,21 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.grading.api import CheckFailed, call, check_for, need, observe, run_seed
+from course_lib.grading.challenge_judge import (
+    as_losses,
+    judge_speed,
+    losses_match,
+    time_against_original,
+    train_reference,
+)
 from course_lib.perf.challenge import (
     IGNORE,
     SPEED_THRESHOLD,
     ChallengeConfig,
-    as_losses,
     challenge_data,
     challenge_model,
     channel_stats,
-    judge_speed,
-    losses_match,
-    time_against_original,
     train_original,
-    train_reference,
 )
 
 CFG = ChallengeConfig()
