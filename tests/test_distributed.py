@@ -204,3 +204,38 @@ def test_a_failing_rank_is_reported_and_the_waiting_one_stopped(tmp_path: Path,
     fn = _harness_functions(tmp_path)["fails_on_rank_1"]
     with pytest.raises(ddp_ranks.RanksFailed, match="rank 0 ended without reporting"):
         ddp_ranks.run_ranks(fn, {"seed": 0, "n": 4}, timeout_s=120)
+
+
+@pytest.mark.slow
+def test_when_the_fork_server_fails_to_start_a_rank_the_ranks_start_again_with_spawn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fork server ending while rank 1 starts (the parent reads an EOF for its PID) is the grader's problem,
+    never the learner's: rank 0 is stopped and both ranks start again with spawn."""
+    import multiprocessing
+
+    from course_lib.grading import ddp_ranks
+
+    real_start, real_env, methods = ddp_ranks._start_ranks, ddp_ranks._rank_env, []
+
+    def env_failing_for_rank_1(rank: int, *args: object) -> dict:
+        if rank == 1:
+            raise EOFError("unexpected EOF")
+        return real_env(rank, *args)
+
+    def start(run_dir: Path, world_size: int, method: str | None = None) -> list:
+        methods.append(method)
+        if method is None:  # the fork server's attempt: rank 0 starts, rank 1 cannot
+            monkeypatch.setattr(ddp_ranks, "_rank_env", env_failing_for_rank_1)
+            try:
+                return real_start(run_dir, world_size, method)
+            finally:
+                monkeypatch.setattr(ddp_ranks, "_rank_env", real_env)
+        return real_start(run_dir, world_size, method)
+
+    monkeypatch.setattr(ddp_ranks, "_start_ranks", start)
+    monkeypatch.setattr(ddp_ranks, "start_method", lambda: "forkserver")
+    fn = _harness_functions(tmp_path)["count_buckets"]
+    result = ddp_ranks.run_ranks(fn, {"seed": 1, "n": 4, "cap_mb": 0.002}, timeout_s=120)
+    assert methods == [None, "spawn"]
+    assert all("error" not in record and record["syncs"] == 2 for record in result["ranks"]), result["ranks"]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("ddp-rank")]

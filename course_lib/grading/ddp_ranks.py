@@ -136,21 +136,44 @@ def _preload() -> None:
         importlib.import_module(module)
 
 
-def _start_ranks(run_dir: Path, world_size: int) -> list[BaseProcess]:
-    method = start_method()
+def _start_ranks(run_dir: Path, world_size: int, method: str | None = None) -> list[BaseProcess]:
+    """Start one process per rank; if one cannot be started, stop those that were and raise."""
+    method = method or start_method()
     context = multiprocessing.get_context(method)
     if method == "fork":
         _preload()
     elif method == "forkserver":
         context.set_forkserver_preload([__name__, *PRELOAD])  # takes effect when the server starts (once)
     port = free_port()
-    procs = []
-    for rank in range(world_size):
-        proc = context.Process(target=rank_process, args=(str(run_dir), rank, _rank_env(rank, world_size, port)),
-                               name=f"ddp-rank{rank}", daemon=False)
-        proc.start()
-        procs.append(proc)
+    procs: list[BaseProcess] = []
+    try:
+        for rank in range(world_size):
+            proc = context.Process(target=rank_process, args=(str(run_dir), rank, _rank_env(rank, world_size, port)),
+                                   name=f"ddp-rank{rank}", daemon=False)
+            proc.start()
+            procs.append(proc)
+    except BaseException:
+        for proc in procs:
+            _stop(proc)
+        raise
     return procs
+
+
+def _start_ranks_or_spawn(run_dir: Path, world_size: int) -> list[BaseProcess]:
+    """:func:`_start_ranks`; when the fork server fails to start a rank, start them all again with ``spawn``.
+
+    The fork server is a shared helper process of the grader, not the learner's code: once in 20 graded classes
+    (four notebooks at a time beside other work) it ended while a rank was being started, and the parent read an
+    EOF where the rank's PID should be. ``spawn`` does not depend on it.
+    """
+    try:
+        return _start_ranks(run_dir, world_size)
+    except (EOFError, OSError) as exc:
+        if start_method() != "forkserver":
+            raise
+        print(f"ddp_ranks: the fork server could not start a rank ({type(exc).__name__}: {exc}); "
+              "starting the ranks with spawn", file=sys.stderr, flush=True)
+        return _start_ranks(run_dir, world_size, method="spawn")
 
 
 def _stop(proc: BaseProcess) -> None:
@@ -223,7 +246,7 @@ def _run_fresh(name: str, source: str, cfg: dict[str, Any], world_size: int, tim
         (run_dir / "out").mkdir()
         (run_dir / "cell.py").write_text(source, encoding="utf-8")
         (run_dir / "job.json").write_text(json.dumps({"function": name, "cfg": cfg}), encoding="utf-8")
-        finished = _wait(_start_ranks(run_dir, world_size), timeout_s)
+        finished = _wait(_start_ranks_or_spawn(run_dir, world_size), timeout_s)
         ranks = []
         for rank in range(world_size):
             path = run_dir / f"rank{rank}.pt"

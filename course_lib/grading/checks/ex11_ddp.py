@@ -35,6 +35,9 @@ def _run(ns: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
         raise CheckFailed(f"the two-process run did not complete: {exc}",
                           hint="every rank must reach the same collectives (each backward outside no_sync is "
                                "one); run the demo cell to see both ranks' output") from None
+    except (EOFError, OSError) as exc:  # starting the processes failed: the grader's machine, not the learner's code
+        raise CheckFailed(f"the grader could not start the two processes ({type(exc).__name__}: {exc}); this is not "
+                          "your code: grade this exercise again") from None
     for record in result["ranks"]:
         error = record.get("error")
         if error is None:
