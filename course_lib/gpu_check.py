@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course_lib import atomic
+from course_lib import atomic, clock
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSED, FAILED, TIMEOUT, SKIPPED = "passed", "FAILED", "timeout", "skipped"
@@ -239,20 +239,20 @@ def _finish(run: _Running, seconds: float, timed_out: bool) -> Row:
 
 
 def run_parts(parts: Sequence[Part], *, log_dir: Path, cwd: Path = ROOT, env: dict[str, str] | None = None,
-              budget_s: float = TOTAL_BUDGET_S, min_start_s: float = 10.0, log: Callable[[str], None] = print,
-              clock: Callable[[], float] = time.monotonic) -> list[Row]:
+              budget_s: float = TOTAL_BUDGET_S, min_start_s: float = 10.0,
+              log: Callable[[str], None] = print) -> list[Row]:
     """Run ``parts`` phase by phase (a phase's parts at the same time); one :class:`Row` per part, in order.
 
     Each part's time limit is its own budget or what is left of ``budget_s``, whichever is smaller; a part whose
     limit would be under ``min_start_s`` is not started. Nothing a part does (fail, crash, hang) stops the others.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
-    deadline = clock() + budget_s
+    deadline = clock.now() + budget_s
     rows: dict[str, Row] = {}
     for phase in sorted({p.phase for p in parts}):
         running: list[_Running] = []
         for part in (p for p in parts if p.phase == phase):
-            timeout = min(part.budget_s, deadline - clock())
+            timeout = min(part.budget_s, deadline - clock.now())
             if timeout < min_start_s:
                 rows[part.key] = Row(part.title, SKIPPED, 0.0, f"not started: {max(0.0, timeout):.0f} s left of the "
                                                                f"{budget_s:.0f} s budget")
@@ -267,11 +267,11 @@ def run_parts(parts: Sequence[Part], *, log_dir: Path, cwd: Path = ROOT, env: di
                 rows[part.key] = Row(part.title, FAILED, 0.0, f"could not start {part.argv[0]}: {exc}", str(log_path))
                 continue
             log(f"[gpu-check] {part.key}: started (limit {timeout:.0f} s)")
-            running.append(_Running(part, proc, log_path, clock(), timeout, log_file))
+            running.append(_Running(part, proc, log_path, clock.now(), timeout, log_file))
         try:
             while running:
                 for run in list(running):
-                    elapsed = clock() - run.started
+                    elapsed = clock.now() - run.started
                     if run.proc.poll() is not None or elapsed > run.timeout:
                         timed_out = run.proc.returncode is None
                         if timed_out:

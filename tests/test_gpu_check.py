@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from course_lib import gpu_check
+from course_lib import clock, gpu_check
 from course_lib.gpu_check import (
     FAILED,
     PASSED,
@@ -155,7 +155,8 @@ def test_time_budget_stops_new_rounds_but_one_always_runs(monkeypatch: pytest.Mo
     monkeypatch.setattr(mfu_mod._Runner, "steps", lambda self, n: None)
     ticks = iter(range(0, 10**6, 100))  # every reading of the clock is 100 s later than the one before
     cfg = _tiny(timed_steps=5, rounds=5, time_budget_s=50, contenders=(Contender("fp32 eager", "fp32", False),))
-    result = run_gpt_bench(cfg, "cpu", log=lambda _: None, clock=lambda: float(next(ticks)))
+    monkeypatch.setattr(clock, "wall", lambda: float(next(ticks)))
+    result = run_gpt_bench(cfg, "cpu", log=lambda _: None)
     assert result["rounds"] == 1 and len(result["rows"][0]["tokens_per_s_rounds"]) == 1
 
 
@@ -262,7 +263,8 @@ def test_parts_are_isolated_a_failure_or_a_hang_costs_only_its_row(tmp_path: Pat
         pytest.fail(f"the hanging part's child {grandchild} is still running")
 
 
-def test_a_part_left_without_budget_is_skipped_with_the_reason(tmp_path: Path) -> None:
+def test_a_part_left_without_budget_is_skipped_with_the_reason(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     shift = [0.0]  # a clock that jumps 1000 s once the first phase is over: the budget is spent by then
 
     def log(message: str) -> None:
@@ -271,8 +273,8 @@ def test_a_part_left_without_budget_is_skipped_with_the_reason(tmp_path: Path) -
 
     parts = [Part("first", "first part", _py("print('done')"), 30, summarise_command, phase=0),
              Part("late", "late part", _py("print('x')"), 30, summarise_command, phase=1)]
-    rows = run_parts(parts, log_dir=tmp_path, cwd=tmp_path, budget_s=500, log=log,
-                     clock=lambda: time.monotonic() + shift[0])
+    monkeypatch.setattr(clock, "wall", lambda: time.monotonic() + shift[0])
+    rows = run_parts(parts, log_dir=tmp_path, cwd=tmp_path, budget_s=500, log=log)
     assert rows[0].status == PASSED
     assert rows[1].status == SKIPPED and "not started" in rows[1].detail and rows[1].seconds == 0
     assert not (tmp_path / "late.log").exists()

@@ -7,8 +7,9 @@ import time
 import pytest
 import torch
 
+from course_lib import clock as course_clock
 from course_lib.data import LoaderConfigError
-from course_lib.perf import loaders, timing
+from course_lib.perf import loaders
 from course_lib.perf.loaders import (
     compare_loaders,
     experiment_order,
@@ -74,7 +75,7 @@ class TimedSamples(SyntheticImages):
 
 def test_steady_rate_excludes_each_epochs_first_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr(timing, "_clock", lambda: clock[0])
+    monkeypatch.setattr(course_clock, "wall", lambda: clock[0])
     data = TimedSamples(clock, n=24)
     one = measure_loader(data, n_batches=1, batch_size=4)
     assert one["steady_samples_per_s"] is None  # nothing is left after the first batch

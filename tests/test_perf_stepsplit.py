@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from course_lib import clock as course_clock
 from course_lib.data import make_loader
-from course_lib.perf import timing
 from course_lib.perf.stepsplit import Split, plot_splits, time_split
 from course_lib.perf.synthetic import SyntheticImages
 
@@ -41,7 +41,7 @@ class ClockedModel(torch.nn.Module):
 
 def test_slow_data_is_input_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr(timing, "_clock", lambda: clock[0])
+    monkeypatch.setattr(course_clock, "wall", lambda: clock[0])
     loader = make_loader(ClockedSamples(clock), batch_size=4, train=True)
     split = time_split(ClockedModel(clock), loader, device="cpu", steps=3)
     assert split.steps == 3

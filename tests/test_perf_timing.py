@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from course_lib import clock as course_clock
 from course_lib.perf import timing
 
 
@@ -32,7 +33,7 @@ class SlowThenFast(torch.nn.Module):
 
 def test_measure_latency_excludes_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(timing, "_clock", clock)
+    monkeypatch.setattr(course_clock, "wall", clock)
     model = SlowThenFast(clock, slow=3)
     result = timing.measure_latency(model, torch.randn(1, 4), device="cpu", warmup=3, reps=7)
     assert model.calls == 10
@@ -62,7 +63,7 @@ def test_timer_synchronises_cuda_at_enter_and_exit(monkeypatch: pytest.MonkeyPat
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
     clock = FakeClock()
-    monkeypatch.setattr(timing, "_clock", clock)
+    monkeypatch.setattr(course_clock, "wall", clock)
     with timing.Timer("cuda") as t:
         assert len(calls) == 1
         clock.now += 0.25
@@ -95,7 +96,7 @@ def test_cuda_timing_uses_events_and_synchronises(monkeypatch: pytest.MonkeyPatc
 
 def test_throughput_and_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(timing, "_clock", clock)
+    monkeypatch.setattr(course_clock, "wall", clock)
     model = SlowThenFast(clock, slow=1)  # the warm-up call takes 100 s and must not count
     big = timing.measure_latency(model, torch.randn(32, 4), device="cpu", warmup=1, reps=3)
     assert big.samples_per_s == pytest.approx(32_000)  # 32 samples per 1 ms
@@ -106,7 +107,7 @@ def test_throughput_and_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_now_reads_the_substitutable_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
     clock.now = 12.5
-    monkeypatch.setattr(timing, "_clock", clock)
+    monkeypatch.setattr(course_clock, "wall", clock)
     assert timing.now() == 12.5
 
 

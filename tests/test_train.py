@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from course_lib import clock as course_clock
 from course_lib.data import pad_collate
 from course_lib.models import GPTConfig, Net, TinyGPT
 from course_lib.train import ConfigError, TrainConfig, evaluate, lr_at, param_groups, run, train
@@ -158,7 +159,7 @@ def test_throughput_is_the_rate_of_each_log_window(tmp_path: Path, monkeypatch: 
     """A clock that ticks one second per reading: every window (start, then close) lasts exactly 1 s, evaluations
     included, so each line's rate is the examples of its own step (groups of 16, 16, 8 per 40-sample epoch)."""
     ticks = iter(range(10_000))
-    monkeypatch.setattr(loop_module, "_clock", lambda: float(next(ticks)))
+    monkeypatch.setattr(course_clock, "wall", lambda: float(next(ticks)))
     model, tl, vl, cfg = _setup(tmp_path / "run")
     history = train(model, tl, vl, cfg, ckpt_path=None)
     assert [r["examples_per_s"] for r in history if "loss" in r] == [16.0, 16.0, 8.0, 16.0, 16.0, 8.0, 16.0, 16.0]
@@ -166,7 +167,7 @@ def test_throughput_is_the_rate_of_each_log_window(tmp_path: Path, monkeypatch: 
 
 def test_log_window_sums_on_device_and_reads_once(monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = iter([10.0, 12.5, 13.0])
-    monkeypatch.setattr(loop_module, "_clock", lambda: next(ticks))
+    monkeypatch.setattr(course_clock, "wall", lambda: next(ticks))
     window = loop_module.LogWindow()
     window.add(torch.tensor(3.0), 4, examples=4)
     window.add(torch.tensor(5.0), torch.tensor(6), examples=6)

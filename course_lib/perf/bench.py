@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from course_lib import clock
 from course_lib.device import pick_device, synchronize
 from course_lib.perf.mfu import gpt_flops_per_token, peak_flops  # noqa: F401 - section (d); re-exported
 from course_lib.train.loss import mean_cross_entropy
@@ -117,10 +118,11 @@ def loop_cases(sizes: Sizes) -> tuple[LoopCase, LoopCase]:
             LoopCase("tiny model", d=16, n_blocks=1, batch=8, steps=sizes.steps * 5))
 
 
-# Section (a)'s clock: "wall" (time.perf_counter) or "cpu" (time.thread_time: the CPU time of the training thread,
-# which excludes the time the thread waited for a core; with one intra-op thread all of a CPU step's work runs in
-# that thread, so on a shared machine it measures what the step costs rather than what the neighbours took).
-STEP_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+# Section (a)'s clock: "wall" (the course's wall clock, course_lib/clock.py) or "cpu" (time.thread_time: the CPU
+# time of the training thread, which excludes the time the thread waited for a core; with one intra-op thread all of
+# a CPU step's work runs in that thread, so on a shared machine it measures what the step costs rather than what
+# the neighbours took).
+STEP_CLOCKS: dict[str, Callable[[], float]] = {"wall": clock.now, "cpu": time.thread_time}
 step_clock = "wall"
 
 
@@ -131,10 +133,9 @@ class TimedBatches:
     before the first batch and evaluation after the last are excluded, whoever runs the loop.
     """
 
-    def __init__(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], limit: int,
-                 clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], limit: int) -> None:
         self.batches, self.limit = list(batches), limit
-        self.clock = STEP_CLOCKS[step_clock] if clock is None else clock
+        self.clock = STEP_CLOCKS[step_clock]
         self.stamps: list[float] = []
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -393,13 +394,13 @@ def bench_in_memory(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
 
     def epoch(it: Any) -> float:
         synchronize(device)
-        t0 = time.perf_counter()
+        t0 = clock.now()
         count = 0
         for x, y in it:
             x, y = x.to(device), y.to(device)
             count += len(y)
         synchronize(device)
-        return count / (time.perf_counter() - t0)
+        return count / (clock.now() - t0)
 
     contenders = {"device_batcher": plain, "device_batcher_augmented": augmented, "dataloader_tensordataset": loader}
     runs: dict[str, list[float]] = {k: [] for k in contenders}
@@ -656,13 +657,13 @@ def run_bench(preset: str = "quick", *, sections: Sequence[str] = ("loops", "loa
     for section in sections:
         key, job = jobs[section]
         log(f"[bench] {key} ...")
-        t0 = time.perf_counter()
+        t0 = clock.now()
         try:
             report["results"][key] = job()
         except Exception as exc:
             report["errors"][key] = f"{type(exc).__name__}: {exc}"
             log(f"  {key} failed: {report['errors'][key]}")
-        log(f"  ({time.perf_counter() - t0:.1f} s)")
+        log(f"  ({clock.now() - t0:.1f} s)")
     report["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return report
 

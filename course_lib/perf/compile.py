@@ -30,13 +30,13 @@ Things to know before relying on it:
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from course_lib import clock
 from course_lib.device import synchronize
 
 # Defined one layer down, where the training template needs them; re-exported for the lessons.
@@ -57,15 +57,15 @@ def warm_compile(model: torch.nn.Module, example: Any) -> tuple[torch.nn.Module,
 
     Taught in lesson 11 (``notebooks/11_capstone.ipynb``).
     """
-    t0 = time.perf_counter()
+    t0 = clock.now()
     try:
         with torch.no_grad():
             model(*example) if isinstance(example, tuple) else model(example)
     except Exception as exc:  # compile errors come in many types (BackendCompilerFailed, OSError...)
         reason = f"compilation failed at the first call: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         print(f"torch.compile fell back to eager: {reason}")
-        return _eager_of(model), reason, time.perf_counter() - t0
-    return model, None, time.perf_counter() - t0
+        return _eager_of(model), reason, clock.now() - t0
+    return model, None, clock.now() - t0
 
 
 def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -112,10 +112,10 @@ def measure_compile(
     def timed(m: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
         batch = example_fn()
         synchronize(device)
-        t0 = time.perf_counter()
+        t0 = clock.now()
         _train_step(m, opt, batch)
         synchronize(device)
-        return time.perf_counter() - t0
+        return clock.now() - t0
 
     eager_first = timed(eager, opt_e)
     try:
@@ -213,10 +213,10 @@ def demonstrate_recompile(
             if variant == "padded" and bs < top:
                 x = torch.cat([x, x.new_zeros(top - bs, features)])
             before = counter.compiles
-            t0 = time.perf_counter()
+            t0 = clock.now()
             with torch.no_grad():
                 fn(x)
-            rows.append({"variant": variant, "call": i, "batch_size": bs, "seconds": time.perf_counter() - t0,
+            rows.append({"variant": variant, "call": i, "batch_size": bs, "seconds": clock.now() - t0,
                          "compiles": counter.compiles, "recompiled": i > 0 and counter.compiles > before})
     torch._dynamo.reset()
     return rows

@@ -24,7 +24,6 @@ import contextlib
 import logging
 import math
 import re
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from course_lib import clock
 
 __all__ = [
     "PointwiseChain", "eager_ops", "kernel_names", "kernel_sources", "CompiledCapture", "compile_and_capture",
@@ -141,7 +142,7 @@ def compile_and_capture(fn: Callable[..., Any], *args: Any, backend: str = "indu
     Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
     """
     compiled = torch.compile(fn, backend=backend)
-    start = time.perf_counter()
+    start = clock.now()
     with torch.no_grad(), _quiet_dynamo():
         if backend == "inductor":
             from torch._inductor.utils import run_and_get_code
@@ -150,7 +151,7 @@ def compile_and_capture(fn: Callable[..., Any], *args: Any, backend: str = "indu
         else:
             compiled(*args)
             code = []
-    return CompiledCapture(compiled, time.perf_counter() - start, list(code), backend)
+    return CompiledCapture(compiled, clock.now() - start, list(code), backend)
 
 
 @dataclass

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -32,6 +31,7 @@ import psutil
 import torch
 from torch.utils.data import Dataset
 
+from course_lib import clock
 from course_lib.device import synchronize
 from course_lib.perf.compare import Comparison, compare
 from course_lib.perf.memory import host_rss_mb, process_footprint_mb
@@ -435,10 +435,10 @@ def compare_loaders(
     contenders = {c["label"]: contender(c) for c in measured}
     try:
         # The warm-up, done here rather than in compare(): its duration says whether the rounds fit the budget.
-        started = time.perf_counter()
+        started = clock.now()
         for run in contenders.values():
             run()
-        one_round_s = time.perf_counter() - started
+        one_round_s = clock.now() - started
         min_rounds = min(3, rounds)
         shrink = _shrink_to_budget(one_round_s, budget_s, min_rounds)
         samples = {c["label"]: batches_of(c) * c["batch_size"] * c.get("epochs", 1) for c in measured}

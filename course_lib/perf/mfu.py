@@ -34,7 +34,6 @@ import contextlib
 import copy
 import re
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from course_lib import clock
 from course_lib.device import autocast, matmul_precision
 from course_lib.models import GPTConfig, TinyGPT
 from course_lib.perf.timing import Timer
@@ -293,11 +293,11 @@ def _warm_up_fitting(cfg: GPTBenchConfig, gpt_cfg: GPTConfig, base: TinyGPT, dev
 
 
 def _timed_rounds(runners: list[_Runner], cfg: GPTBenchConfig, device: torch.device, per_round: int, *,
-                  log: Callable[[str], None], clock: Callable[[], float], t_start: float) -> dict[str, list[float]]:
+                  log: Callable[[str], None], t_start: float) -> dict[str, list[float]]:
     """Seconds of each round of ``per_round`` steps, per contender; who goes first rotates; stops at the budget."""
     times: dict[str, list[float]] = {r.contender.name: [] for r in runners}
     for rnd in range(cfg.rounds):
-        if rnd > 0 and clock() - t_start > cfg.time_budget_s:  # at least one round always runs
+        if rnd > 0 and clock.now() - t_start > cfg.time_budget_s:  # at least one round always runs
             log(f"  time budget of {cfg.time_budget_s:.0f} s spent after {rnd} round(s)")
             break
         order = runners[rnd % len(runners):] + runners[: rnd % len(runners)]  # rotate who goes first
@@ -332,7 +332,7 @@ def _result_rows(runners: list[_Runner], times: dict[str, list[float]], warm_s: 
 
 
 def run_gpt_bench(cfg: GPTBenchConfig, device: torch.device | str, *, peak_tflops: float | None = None,
-                  log: Callable[[str], None] = print, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train each contender of ``cfg`` side by side on ``device``: tokens/s, MFU and ratios (see the module doc).
 
     The first contender is the reference of every ratio. Rounds are timed with the device synchronised at both
@@ -347,13 +347,13 @@ def run_gpt_bench(cfg: GPTBenchConfig, device: torch.device | str, *, peak_tflop
     fpt = gpt_flops_per_token(n_params, gpt_cfg.n_layer, gpt_cfg.n_embd, gpt_cfg.block_size)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     batch = cfg.batch or auto_batch(device, cfg.model)
-    t_start = clock()
+    t_start = clock.now()
     runners, warm_s, failed, batch = _warm_up_fitting(cfg, gpt_cfg, base, device, batch, log)
     if not runners:
         raise RuntimeError("every contender failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
     per_round = max(1, cfg.timed_steps // cfg.rounds)
     tokens_per_round = per_round * batch * gpt_cfg.block_size
-    times = _timed_rounds(runners, cfg, device, per_round, log=log, clock=clock, t_start=t_start)
+    times = _timed_rounds(runners, cfg, device, per_round, log=log, t_start=t_start)
     rows = _result_rows(runners, times, warm_s, tokens_per_round=tokens_per_round, fpt=fpt,
                         peak=lambda prec: peak_flops(name, peak_tflops, prec))
     head = rows[0]
@@ -365,7 +365,7 @@ def run_gpt_bench(cfg: GPTBenchConfig, device: torch.device | str, *, peak_tflop
         "gpu": name, "model": cfg.model, "n_params_non_embedding": n_params,
         "n_params_total": sum(p.numel() for p in base.parameters()), "batch": batch, "seq_len": gpt_cfg.block_size,
         "flops_per_token": fpt, "rows": rows, "failed": failed, "rounds": len(times[runners[0].contender.name]),
-        "steps_per_round": per_round, "warmup_steps": cfg.warmup_steps, "seconds": clock() - t_start,
+        "steps_per_round": per_round, "warmup_steps": cfg.warmup_steps, "seconds": clock.now() - t_start,
         "peak_source": ("--peak-tflops" if peak_tflops else "datasheet table" if head["peak_flops"] else
                         "unknown GPU: pass --peak-tflops (its dense bf16/fp16 peak) for MFU"),
         "verdicts": verdicts(rows),

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from course_lib import clock
 from course_lib.device import autocast, resolve_amp_dtype, synchronize
 from course_lib.train.evaluate import evaluate
 from course_lib.train.loss import mean_cross_entropy
@@ -215,7 +215,7 @@ def _train_timed(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, .
     for i in range(steps):
         x, y = batches[i % len(batches)]
         synchronize(device)
-        t0 = time.perf_counter()
+        t0 = clock.now()
         with autocast(device, amp):
             out = model(x)
         loss = mean_cross_entropy(out, y)
@@ -225,7 +225,7 @@ def _train_timed(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, .
         scaler.update()
         opt.zero_grad(set_to_none=True)
         synchronize(device)
-        times.append(time.perf_counter() - t0)
+        times.append(clock.now() - t0)
         last = loss.detach()
         if scaler.is_enabled() and scaler.get_scale() < scale_before:
             skipped += 1

@@ -26,22 +26,17 @@ precision, warm-up and repetition counts, and ``summary()`` prints them with the
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from course_lib import clock
 from course_lib.device import autocast, resolve_amp_dtype, synchronize
 
-# The clock used for host-side timing. Module-level so tests can substitute a deterministic clock.
-_clock: Callable[[], float] = time.perf_counter
-
-
-def now() -> float:
-    """Seconds on the course's host clock (``time.perf_counter``, or the clock a test substituted)."""
-    return _clock()
+# Host-side timing reads the course's one clock (course_lib/clock.py), which tests substitute.
+now = clock.now
 
 
 def to_device(obj: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
@@ -98,12 +93,12 @@ class Timer:
 
     def __enter__(self) -> Timer:
         synchronize(self.device)
-        self.start = _clock()
+        self.start = now()
         return self
 
     def __exit__(self, *exc: object) -> None:
         synchronize(self.device)
-        self.elapsed = _clock() - self.start
+        self.elapsed = now() - self.start
 
 
 @dataclass
@@ -180,10 +175,10 @@ def _time_calls(call: Callable[[], Any], device: torch.device, warmup: int, reps
         return times
     for _ in range(reps):
         synchronize(device)
-        t0 = _clock()
+        t0 = now()
         call()
         synchronize(device)
-        times.append((_clock() - t0) * 1000.0)
+        times.append((now() - t0) * 1000.0)
     return times
 
 

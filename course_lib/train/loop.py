@@ -30,7 +30,6 @@ import json
 import math
 import os
 import random
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from course_lib import clock
 from course_lib.device import resolve_amp_dtype
 from course_lib.distributed import all_reduce_sum, get_rank, get_world_size, unwrap
 from course_lib.progress import tqdm
@@ -64,10 +64,6 @@ AUTO = "auto"  # ckpt_path="auto" means <cfg.out>/ckpt.pt
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "ckpt.pt"
 Batches = Iterable[Sequence[torch.Tensor]]
-
-# The clock of the throughput figures. Module-level so tests can substitute a deterministic one.
-_clock = time.perf_counter
-
 
 def seed_everything(seed: int) -> None:
     """Seed Python's ``random``, numpy and torch (CPU and every GPU) in one call."""
@@ -136,7 +132,7 @@ class LogWindow:
         self.counts: list[torch.Tensor] = []  # target counts still on the device
         self.targets = 0  # target counts already on the host
         self.examples = 0
-        self.start = _clock()
+        self.start = clock.now()
 
     def add_mean(self, mean_loss: torch.Tensor, targets: torch.Tensor, examples: int) -> None:
         """A step that kept its mean loss and its targets: they are counted, and weighted, when the window closes."""
@@ -159,7 +155,7 @@ class LogWindow:
         self.means = []
         loss_sum = float(all_reduce_sum(torch.stack(self.losses).sum()))  # the one host sync per log line
         targets = self.targets + (int(torch.stack(self.counts).sum()) if self.counts else 0)
-        seconds = max(_clock() - self.start, 1e-9)
+        seconds = max(clock.now() - self.start, 1e-9)
         examples = self.examples
         self.restart()
         return loss_sum, targets, examples, seconds
