@@ -43,7 +43,7 @@ from course_lib import clock
 from course_lib.device import resolve_amp_dtype
 from course_lib.distributed import all_reduce_sum, get_rank, get_world_size, unwrap
 from course_lib.progress import tqdm
-from course_lib.train.accumulate import backward_group, backward_one, count_targets
+from course_lib.train.accumulate import backward_group
 from course_lib.train.checkpoint import (
     atomic_write_text,
     hold_until_read,
@@ -128,33 +128,24 @@ class LogWindow:
     def restart(self) -> None:
         """Start an empty window now (after a log line, and after evaluation and checkpointing)."""
         self.losses: list[torch.Tensor] = []
-        self.means: list[tuple[torch.Tensor, torch.Tensor]] = []  # (mean loss, targets) of steps counted later
-        self.counts: list[torch.Tensor] = []  # target counts still on the device
-        self.targets = 0  # target counts already on the host
+        self.device_counts: list[torch.Tensor] = []  # target counts still on the device, read at close
+        self.host_count = 0  # target counts already on the host
         self.examples = 0
         self.start = clock.now()
 
-    def add_mean(self, mean_loss: torch.Tensor, targets: torch.Tensor, examples: int) -> None:
-        """A step that kept its mean loss and its targets: they are counted, and weighted, when the window closes."""
-        self.means.append((mean_loss, targets))
-        self.examples += examples
-
     def add(self, loss_sum: torch.Tensor, count: torch.Tensor | int, examples: int) -> None:
+        """One step: its loss summed over its targets, how many targets (a device tensor or an int), its examples."""
         self.losses.append(loss_sum)
         if isinstance(count, int):
-            self.targets += count
+            self.host_count += count
         else:
-            self.counts.append(count)
+            self.device_counts.append(count)
         self.examples += examples
 
     def close(self) -> tuple[float, int, int, float]:
         """``(loss sum over all ranks, targets, examples, seconds)`` of this window; the next one starts now."""
-        for mean_loss, targets in self.means:  # the deferred counts: once per log line, not once per step
-            count = count_targets((None, targets))
-            self.add(mean_loss * count, count, 0)
-        self.means = []
         loss_sum = float(all_reduce_sum(torch.stack(self.losses).sum()))  # the one host sync per log line
-        targets = self.targets + (int(torch.stack(self.counts).sum()) if self.counts else 0)
+        targets = self.host_count + (int(torch.stack(self.device_counts).sum()) if self.device_counts else 0)
         seconds = max(clock.now() - self.start, 1e-9)
         examples = self.examples
         self.restart()
@@ -305,15 +296,10 @@ def training_steps(run: Run, start_step: int) -> None:
     window = LogWindow()
     for step in range(start_step, cfg.steps):
         lr = set_lr(run.optimizer, step, cfg)
-        micro_batches = run.stream.next_group(cfg.accum)
-        if len(micro_batches) == 1 and run.world_size == 1:  # no accumulation: the plain step, counted later
-            mean_loss, targets = backward_one(run.train_model, micro_batches[0], run.device,
-                                              amp_dtype=run.amp_dtype, scaler=run.scaler)
-            window.add_mean(mean_loss, targets, len(micro_batches[0][0]))
-        else:
-            loss_sum, count = backward_group(run.train_model, micro_batches, run.device, amp_dtype=run.amp_dtype,
-                                             scaler=run.scaler, world_size=run.world_size)
-            window.add(loss_sum, count, sum(len(b[0]) for b in micro_batches) * run.world_size)
+        micro_batches = run.stream.next_group(cfg.accum)  # a group of one when there is no accumulation
+        loss_sum, count = backward_group(run.train_model, micro_batches, run.device, amp_dtype=run.amp_dtype,
+                                         scaler=run.scaler, world_size=run.world_size)
+        window.add(loss_sum, count, sum(len(b[0]) for b in micro_batches) * run.world_size)
         grad_norm = optimizer_step(run.optimizer, run.scaler, run.params, cfg.clip)
         done = step + 1
         run.bar.update(1)
