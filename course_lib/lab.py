@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import course_lib.lab_auth
-from course_lib.labsettings import ensure_widget_state_saved
+from course_lib.labsettings import ensure_course_settings
 
 DEFAULT_PORT = 8888
 DEFAULT_IP = "127.0.0.1"
@@ -287,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"environment: JUPYTER_TOKEN=<token> JUPYTER_CONFIG_PATH={cmd.env['JUPYTER_CONFIG_PATH']}")
         print(cmd.url)
         return 0
-    ensure_widget_state_saved()  # saved lessons reopen with their widgets, not "model not found"
+    ensure_course_settings()  # saved lessons reopen with their widgets, not "model not found"
     print(f"Starting JupyterLab on port {cmd.port}...", flush=True)
     process = start_server(cmd)
     stopping: dict[str, float] = {}

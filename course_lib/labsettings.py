@@ -1,12 +1,14 @@
-"""JupyterLab defaults the course needs: save widget state with the notebook.
+"""JupyterLab defaults the course needs: save widget state with the notebook, and no news pop-up.
 
 A lesson asks its predictions with ipywidgets. When a learner saves a lesson and opens it again later, the kernel
 that owned those widgets is gone; unless the notebook carries the widgets' state, JupyterLab can only show
 "Error displaying widget: model not found" where the question was. The widget manager
 (``@jupyter-widgets/jupyterlab-manager``, plugin ``plugin``) writes that state into the notebook when its
-``saveState`` setting is on, and it is off by default.
+``saveState`` setting is on, and it is off by default. And an offline-first course does not let JupyterLab ask, over
+the first lesson, whether to fetch news from the internet (``@jupyterlab/apputils-extension:notification``:
+``fetchNews`` "false", no update check).
 
-:func:`ensure_widget_state_saved` turns it on as a JupyterLab *settings override*: a default written to
+:func:`ensure_course_settings` writes both as JupyterLab *settings overrides*: a default written to
 ``{sys.prefix}/share/jupyter/lab/settings/overrides.json`` (the app settings folder of this environment), merged
 with whatever that file already holds. A value somebody set there on purpose is kept, and a learner's own user
 settings still win over any override. ``python -m course_lib lab`` calls it before starting JupyterLab.
@@ -23,9 +25,14 @@ from typing import Any
 from course_lib import atomic
 
 WIDGETS_PLUGIN = "@jupyter-widgets/jupyterlab-manager:plugin"
-COURSE_OVERRIDES: dict[str, dict[str, Any]] = {WIDGETS_PLUGIN: {"saveState": True}}
+NOTIFICATION_PLUGIN = "@jupyterlab/apputils-extension:notification"
+COURSE_OVERRIDES: dict[str, dict[str, Any]] = {
+    WIDGETS_PLUGIN: {"saveState": True},
+    NOTIFICATION_PLUGIN: {"fetchNews": "false", "checkForUpdates": False},
+}
 
-__all__ = ["WIDGETS_PLUGIN", "COURSE_OVERRIDES", "overrides_path", "merged_overrides", "ensure_widget_state_saved"]
+__all__ = ["WIDGETS_PLUGIN", "NOTIFICATION_PLUGIN", "COURSE_OVERRIDES", "overrides_path", "merged_overrides",
+           "ensure_course_settings"]
 
 
 def overrides_path(app_settings_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -50,8 +57,9 @@ def merged_overrides(existing: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def ensure_widget_state_saved(app_settings_dir: str | os.PathLike[str] | None = None) -> Path | None:
-    """Make JupyterLab save widget state in notebooks by default; return the file written, or ``None``.
+def ensure_course_settings(app_settings_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """Make the course's settings JupyterLab's defaults (widget state saved, no news); return the file written, or
+    ``None``.
 
     ``None`` means nothing needed writing (the setting is already there) or the file could not be written; in
     the latter case a warning goes to stderr and JupyterLab simply starts without the default (a saved lesson

@@ -87,7 +87,7 @@ def running_lab(
         folder.mkdir(parents=True, exist_ok=True)
     write_user_settings(settings_dir, TEST_USER_SETTINGS)
     # The overrides the course's launcher writes into the environment, here into a throw-away app settings folder.
-    labsettings.ensure_widget_state_saved(app_settings_dir)
+    labsettings.ensure_course_settings(app_settings_dir)
     command = lab.build_command(
         port=lab.free_port(), notebook_dir=notebook_dir, open_browser=False, open_path=open_path,
         extra_args=[

@@ -34,21 +34,37 @@ def test_the_override_names_a_real_setting_of_the_installed_widget_manager() -> 
 def test_merge_keeps_other_settings_and_explicit_choices(tmp_path: Path) -> None:
     path = labsettings.overrides_path(tmp_path)
     path.write_text(json.dumps({"@jupyterlab/apputils-extension:themes": {"theme": "JupyterLab Dark"}}))
-    assert labsettings.ensure_widget_state_saved(tmp_path) == path
+    assert labsettings.ensure_course_settings(tmp_path) == path
     written = json.loads(path.read_text())
     assert written["@jupyterlab/apputils-extension:themes"] == {"theme": "JupyterLab Dark"}
     assert written[labsettings.WIDGETS_PLUGIN] == {"saveState": True}
-    assert labsettings.ensure_widget_state_saved(tmp_path) is None  # already there: nothing written
-    path.write_text(json.dumps({labsettings.WIDGETS_PLUGIN: {"saveState": False}}))
-    assert labsettings.ensure_widget_state_saved(tmp_path) is None  # somebody chose False on purpose
-    assert json.loads(path.read_text())[labsettings.WIDGETS_PLUGIN] == {"saveState": False}
+    assert labsettings.ensure_course_settings(tmp_path) is None  # already there: nothing written
+    chosen = {labsettings.WIDGETS_PLUGIN: {"saveState": False}, labsettings.NOTIFICATION_PLUGIN: {"fetchNews": "true"}}
+    path.write_text(json.dumps(chosen))
+    assert labsettings.ensure_course_settings(tmp_path) == path  # only what is missing is added
+    written = json.loads(path.read_text())
+    assert written[labsettings.WIDGETS_PLUGIN] == {"saveState": False}  # somebody chose these on purpose
+    assert written[labsettings.NOTIFICATION_PLUGIN] == {"fetchNews": "true", "checkForUpdates": False}
+
+
+def test_the_news_override_names_real_settings_of_the_installed_lab() -> None:
+    import jupyterlab
+
+    schema_path = (Path(sys.prefix) / "share" / "jupyter" / "lab" / "schemas" / "@jupyterlab" / "apputils-extension"
+                   / "notification.json")
+    if not schema_path.is_file():
+        pytest.skip(f"JupyterLab {jupyterlab.__version__} has no notification settings schema here")
+    properties = json.loads(schema_path.read_text())["properties"]
+    overrides = labsettings.COURSE_OVERRIDES[labsettings.NOTIFICATION_PLUGIN]
+    assert overrides["fetchNews"] in [choice["const"] for choice in properties["fetchNews"]["oneOf"]]
+    assert properties["checkForUpdates"]["type"] == "boolean" and overrides["checkForUpdates"] is False
 
 
 def test_a_missing_folder_is_created_and_a_broken_file_is_left_alone(tmp_path: Path, capsys) -> None:
     fresh = tmp_path / "new" / "settings"
-    assert labsettings.ensure_widget_state_saved(fresh) == fresh / "overrides.json"
+    assert labsettings.ensure_course_settings(fresh) == fresh / "overrides.json"
     broken = labsettings.overrides_path(tmp_path)
     broken.write_text("{not json")
-    assert labsettings.ensure_widget_state_saved(tmp_path) is None
+    assert labsettings.ensure_course_settings(tmp_path) is None
     assert broken.read_text() == "{not json" and "not changing" in capsys.readouterr().err
     assert labsettings.overrides_path().parts[-5:] == ("share", "jupyter", "lab", "settings", "overrides.json")
