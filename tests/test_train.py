@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -86,9 +87,10 @@ def test_config_cross_field_checks() -> None:
     with pytest.raises(ConfigError, match="amp_dtype='fp16' needs a CUDA GPU"):
         TrainConfig(amp_dtype="fp16", device="cpu")
     cfg = TrainConfig(device="cpu")
-    cfg.bs = -3  # fields can be changed later: validate() checks again
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.bs = -3  # a config is fixed once validated: change it with dataclasses.replace, which validates again
     with pytest.raises(ConfigError, match="bs=-3"):
-        cfg.validate()
+        dataclasses.replace(cfg, bs=-3)
     assert TrainConfig(clip=0).clip == 0 and TrainConfig(clip=None).clip is None
 
 

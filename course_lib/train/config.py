@@ -40,7 +40,7 @@ class ConfigError(ValueError):
     """
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """Everything one training run needs to know.
 
@@ -81,13 +81,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         # Derived defaults, only when steps itself is valid (validate() reports a bad steps value first).
+        # (object.__setattr__: the config is frozen once built, so every part of a run reads the same values.)
         if _is_int(self.steps) and self.steps >= 1:
             if self.warmup is None:
-                self.warmup = self.steps // 20
+                object.__setattr__(self, "warmup", self.steps // 20)
             if self.eval_every is None:
-                self.eval_every = max(1, self.steps // 4)
+                object.__setattr__(self, "eval_every", max(1, self.steps // 4))
             if self.log_every is None:
-                self.log_every = max(1, self.steps // 20)
+                object.__setattr__(self, "log_every", max(1, self.steps // 20))
         self.validate()
 
     # ------------------------------------------------------------------ checks
