@@ -209,13 +209,25 @@ class Prediction:
         self._pending[:] = [(handle, actual, why)]  # a re-run cell replaces the earlier placeholder
 
 
+def _code_spans_html(text: str) -> str:
+    """``text`` as HTML, its Markdown code spans (```x```) as ``<code>x</code>`` instead of literal backticks."""
+    parts = html.escape(text).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: show the text as it is
+        return html.escape(text)
+    return "".join(f"<code>{part}</code>" if i % 2 else part for i, part in enumerate(parts))
+
+
 def _choice_widget(options: tuple[str, ...]) -> Any:
-    """Toggle buttons as wide as their text, wrapping on narrow windows, full text in the tooltip."""
+    """Toggle buttons as wide as their text, wrapping on narrow windows, full text in the tooltip.
+
+    A button cannot show code formatting, so its label drops the backticks of a code span; its value (what the
+    learner's answer is compared with) is the choice as written."""
     import ipywidgets as widgets
 
-    labels = list(options) + [SKIP_CHOICE]
+    values = list(options) + [SKIP_CHOICE]
+    labels = [value.replace("`", "") for value in values]
     return widgets.ToggleButtons(
-        options=labels,
+        options=list(zip(labels, values)),
         value=None,
         tooltips=labels,
         style={"button_width": "auto"},
@@ -259,7 +271,7 @@ def predict(question: str, choices: Sequence[str] | None = None, default: str | 
             layout=widgets.Layout(width="100%"),
         )
     prediction.widget.observe(prediction._on_answer, names="value")
-    label = widgets.HTML(f"<b>Predict:</b> {html.escape(question)}")
+    label = widgets.HTML(f"<b>Predict:</b> {_code_spans_html(question)}")
     prediction._question_handle = display(widgets.VBox([label, prediction.widget]), display_id=True)
     return prediction
 

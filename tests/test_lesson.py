@@ -176,3 +176,13 @@ def test_unattended_runs_write_reveals_out_at_once(monkeypatch: pytest.MonkeyPat
     assert lesson._in_live_kernel()
     monkeypatch.setenv("COURSE_UNATTENDED", "1")
     assert not lesson._in_live_kernel()
+
+
+def test_code_spans_show_as_code_in_a_question_and_without_backticks_on_a_button() -> None:
+    assert lesson._code_spans_html("Does `num_workers=2` beat <0>?") == (
+        "Does <code>num_workers=2</code> beat &lt;0&gt;?")
+    assert lesson._code_spans_html("an odd ` backtick") == "an odd ` backtick"  # unpaired: shown as written
+    buttons = lesson._choice_widget(("`pin_memory` wins", "no difference"))
+    assert [label for label, _ in buttons.options] == ["pin_memory wins", "no difference", lesson.SKIP_CHOICE]
+    buttons.value = "`pin_memory` wins"  # the answer is the choice as written, compared with the reveal's
+    assert buttons.tooltips[0] == "pin_memory wins"
