@@ -99,7 +99,35 @@ def ensure(expected: str, source: str = "") -> None:
 
     prepare_shapes(progress=True)  # reads one marker file when the data is already there
     prepare_text()
+    show_blank_exercises_briefly()
     print(f"course_lib {found} · {mode.mode()} mode · data in {mode.data_dir()} · device: {device_summary()}")
+
+
+NOT_ATTEMPTED = "Exercise "  # how a blank exercise's NotImplementedError starts ("Exercise 14.1: ...")
+
+
+def show_blank_exercises_briefly() -> bool:
+    """In a notebook, a cell that reaches a blank exercise (``NotImplementedError("Exercise NN.k: ...")``) shows one
+    line, "not attempted yet: Exercise NN.k: ...", instead of a traceback through the library; any other
+    NotImplementedError keeps its traceback. The cell still fails (Run All and nbval see an error). Returns whether
+    it was installed (False outside IPython)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "set_custom_exc"):
+        return False
+
+    def brief(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
+        # IPython ignores a custom handler's return value: the handler shows the error itself.
+        if str(value).startswith(NOT_ATTEMPTED):
+            shell._showtraceback(etype, value, [f"not attempted yet: {value}"])
+        else:
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+
+    shell.set_custom_exc((NotImplementedError,), brief)
+    return True
 
 
 def mismatch_message(expected: str, found: str, source: str) -> str:

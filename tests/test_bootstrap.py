@@ -303,3 +303,30 @@ def test_offline_without_a_source_the_cell_stops_with_a_clear_message(fresh, tmp
                           timeout=300, cwd=tmp_path)
     assert done.returncode != 0
     assert "Could not install the course from course_lib==0.1.0" in done.stderr and "COURSE_SOURCE" in done.stderr
+
+
+def test_in_a_notebook_a_blank_exercise_shows_one_line_and_other_errors_their_traceback(monkeypatch) -> None:
+    import IPython
+
+    class Shell:
+        def __init__(self) -> None:
+            self.shown: list = []
+
+        def set_custom_exc(self, exceptions: tuple, handler) -> None:
+            self.exceptions, self.handler = exceptions, handler
+
+        def _showtraceback(self, etype, value, stb) -> None:
+            self.shown.append(("brief", etype, stb))
+
+        def showtraceback(self, exc_tuple, tb_offset=None) -> None:
+            self.shown.append(("full", exc_tuple[0], str(exc_tuple[1])))
+
+    shell = Shell()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    assert bootstrap.show_blank_exercises_briefly() is True and shell.exceptions == (NotImplementedError,)
+    shell.handler(shell, NotImplementedError, NotImplementedError("Exercise 05.1: return the rate"), None)
+    shell.handler(shell, NotImplementedError, NotImplementedError("abstract method"), None)
+    assert shell.shown == [("brief", NotImplementedError, ["not attempted yet: Exercise 05.1: return the rate"]),
+                           ("full", NotImplementedError, "abstract method")]
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)  # a script, pytest, the grader: nothing installed
+    assert bootstrap.show_blank_exercises_briefly() is False

@@ -74,3 +74,14 @@ def test_bad_configs_and_stops_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="an int"):
         harness.run(harness.HarnessConfig(steps=2), tmp_path / "c.pt", harness.reference_save,
                     lambda path, **objects: None, resume=True)
+
+
+def test_a_blank_save_is_not_attempted_not_a_harness_error(tmp_path: Path) -> None:
+    """A blank exercise's save (NotImplementedError("Exercise 14.1: ...")) reads as not attempted, as the learner's
+    own function would, however the harness ran it (a killed child process reports it through a pipe)."""
+    def blank_save(path, **parts):
+        raise NotImplementedError("Exercise 14.1: collect every state_dict")
+
+    for run in (harness.killed_run, harness.interrupted_run):
+        with pytest.raises(NotImplementedError, match=r"^Exercise 14\.1: collect every state_dict$"):
+            run(CFG, tmp_path / "c.pt", blank_save, harness.reference_load, 7)

@@ -314,6 +314,9 @@ def killed_run(cfg: HarnessConfig, path: str | Path, save: SaveFn, load: LoadFn,
             before[step] = value
     child.join()
     reader.close()
+    not_attempted = "NotImplementedError: Exercise "
+    if error is not None and error.startswith(not_attempted):  # a blank exercise: say so, as the function would
+        raise NotImplementedError(error.removeprefix("NotImplementedError: "))
     if error is not None or child.exitcode != -signal.SIGKILL:
         raise RuntimeError(f"the run to be killed ended on its own (exit code {child.exitcode}) after step "
                            f"{max(before, default=0)}: {error or 'no error reported'}")
