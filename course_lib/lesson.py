@@ -112,7 +112,8 @@ class Prediction:
     learner has answered (Run All), it shows a placeholder that turns into the comparison the moment they answer.
     Once answered, the question is replaced by plain text (so a saved notebook reopens without widget errors).
     Without a live kernel (nbval, a rendered site) nobody can answer: the reveal says so plainly. ``default`` is an
-    answer recorded for smoke-mode runs only, so the comparison branch is exercised in tests.
+    answer recorded for smoke-mode runs only, for tests that exercise the comparison branch; lessons never pass one
+    (a default in the lesson's code would read as the expected answer).
     """
 
     question: str

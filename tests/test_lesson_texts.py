@@ -256,3 +256,17 @@ RETIRED = {
 def test_a_retired_wrong_statement_does_not_come_back(pattern: str) -> None:
     found = [where for where, text in texts() if re.search(pattern, text, re.I)]
     assert not found, f"{found} state {pattern!r} again, which is wrong: {RETIRED[pattern]}"
+
+
+def test_no_question_carries_an_answer_in_its_code() -> None:
+    """A ``default=`` next to a question reads as the expected answer: lessons never pass one (tests set theirs)."""
+    found = []
+    for path in NOTEBOOKS:
+        for index, source in code_cells(path):
+            tree = parse(source)
+            for call in calls(tree, "predict") if tree is not None else []:
+                found += [f"{path.name} cell {index}: default={ast.unparse(k.value)}"
+                          for k in call.keywords if k.arg == "default"]
+    assert not found, found
+    probe = ast.parse('guess = lesson.predict("q?", choices=["a", "b"], default="a")')
+    assert [k.arg for c in calls(probe, "predict") for k in c.keywords] == ["choices", "default"]  # what it looks for
