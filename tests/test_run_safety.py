@@ -255,6 +255,26 @@ def test_two_concurrent_runs_into_one_folder_and_ctrl_c(tmp_path: Path) -> None:
     assert not (out / LOCK_FILE).exists()
 
 
+def test_ctrl_c_right_after_the_checkpoint_is_written_leaves_metrics_equal_to_it(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Ctrl-C lands after the checkpoint's rename and before the metrics file is marked as matching it (seen once
+    beside two busy processes: the checkpoint then held a step that metrics.jsonl had been cut back behind)."""
+    real_save = loop_module.save_checkpoint
+
+    def save_then_ctrl_c(*args, **kwargs):
+        real_save(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # the checkpoint is on disk; the metrics are not committed yet
+
+    monkeypatch.setattr(loop_module, "save_checkpoint", save_then_ctrl_c)
+    model, train_loader, val_loader, cfg = _setup(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        train(model, train_loader, val_loader, cfg)
+    saved = read_checkpoint(tmp_path / "run" / "ckpt.pt")
+    assert saved["step"] == 3  # the first checkpoint (eval_every=3), and the interrupt came right after it
+    assert _strict_json_lines(tmp_path / "run" / "metrics.jsonl") == saved["history"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works as before afterwards
+
+
 # ------------------------------------------------------------------------------- raw tracebacks, now lines
 def test_out_on_a_file_under_proc_and_under_a_file_are_one_line_errors(tmp_path: Path, capsys) -> None:
     a_file = tmp_path / "notes.txt"

@@ -30,7 +30,9 @@ import json
 import math
 import os
 import random
-from collections.abc import Iterable, Sequence
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -360,6 +362,25 @@ def log_train_line(run: Run, window: LogWindow, done: int, lr: float, grad_norm:
     run.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
 
 
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block and raise it at the block's end (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, None)  # the default handler raises KeyboardInterrupt here
+            elif previous == signal.SIG_DFL:
+                raise KeyboardInterrupt
+
+
 def evaluate_and_checkpoint(run: Run, done: int) -> None:
     """Evaluate on the validation data, log it, and (rank 0) write the checkpoint.
 
@@ -375,15 +396,18 @@ def evaluate_and_checkpoint(run: Run, done: int) -> None:
     if run.ckpt is None or not run.is_main:
         return
     run.stream.warn_if_inexact()
-    try:
-        save_checkpoint(run.ckpt, model=run.model, optimizer=run.optimizer, scaler=run.scaler, step=done,
-                        config=run.cfg, history=run.log.history, data_state=run.stream.state_dict())
-    except NonFiniteError as exc:  # weights poisoned by a non-finite gradient between two log lines
-        what = "model state"
-        message = divergence_message(step=done, what=what, value=None, cfg=run.cfg, tensors=exc.tensors,
-                                     last_good=run.last_good_sentence())
-        raise NonFiniteError(message, step=done, what=what, value=None, tensors=exc.tensors) from None
-    run.last_good = done
-    run.log.committed()
+    # Ctrl-C waits until the checkpoint and the metrics file agree again: landing between the checkpoint's rename
+    # and committed(), it would cut metrics.jsonl back behind the checkpoint just written.
+    with ctrl_c_deferred():
+        try:
+            save_checkpoint(run.ckpt, model=run.model, optimizer=run.optimizer, scaler=run.scaler, step=done,
+                            config=run.cfg, history=run.log.history, data_state=run.stream.state_dict())
+        except NonFiniteError as exc:  # weights poisoned by a non-finite gradient between two log lines
+            what = "model state"
+            message = divergence_message(step=done, what=what, value=None, cfg=run.cfg, tensors=exc.tensors,
+                                         last_good=run.last_good_sentence())
+            raise NonFiniteError(message, step=done, what=what, value=None, tensors=exc.tensors) from None
+        run.last_good = done
+        run.log.committed()
     if done < run.cfg.steps:
         hold_until_read(run.ckpt, done)  # only under COURSE_CHECKPOINT_HANDSHAKE=1 (see checkpoint.py)
