@@ -33,7 +33,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +198,31 @@ def _write_json_atomically(path: Path, record: dict[str, Any]) -> None:
     atomic.write_text(path, json.dumps(record))
 
 
+def _train(ctx: dist.DistContext, args: argparse.Namespace, model: nn.Module, optimizer: torch.optim.Optimizer,
+           dataset: Dataset, record: dict[str, Any], log: Callable[[str], None], say: Callable[[str], None]) -> None:
+    """The training loop of :func:`demo`: each rank reads its shard, and every step's losses go into ``record``."""
+    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
+        indices = list(sampler)
+        record["indices"].append(indices)
+        say(f"epoch {epoch} first sample indices {indices[:4]}")
+        for step, (x, y) in enumerate(loader):
+            if step == args.steps:
+                break
+            x, y = x.to(ctx.device), y.to(ctx.device)
+            loss = mean_cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP/FSDP average the gradients across ranks here
+            optimizer.step()
+            say(f"epoch {epoch} step {step} local loss {loss.item():.4f} (differs per rank: different samples)")
+            mean_loss = dist.all_reduce_mean(loss.detach().clone())
+            record["local_losses"].append(loss.item())
+            record["mean_losses"].append(mean_loss.item())
+            log(f"epoch {epoch} step {step} mean loss over ranks {mean_loss.item():.4f}")
+
+
 def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> dict[str, Any]:
     """One small training run with ``strategy``, with the per-rank and rank-0 prints of the module docstring.
 
@@ -230,29 +255,7 @@ def demo(ctx: dist.DistContext, args: argparse.Namespace, strategy: str) -> dict
     }
     if strategy == "fsdp":
         say(f"stores {local} of {full_numel} parameter elements ({100 * local / full_numel:.1f}%) [fsdp shard]")
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-
-    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
-    loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
-    for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
-        indices = list(sampler)
-        record["indices"].append(indices)
-        say(f"epoch {epoch} first sample indices {indices[:4]}")
-        for step, (x, y) in enumerate(loader):
-            if step == args.steps:
-                break
-            x, y = x.to(ctx.device), y.to(ctx.device)
-            loss = mean_cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP/FSDP average the gradients across ranks here
-            optimizer.step()
-            say(f"epoch {epoch} step {step} local loss {loss.item():.4f} (differs per rank: different samples)")
-            mean_loss = dist.all_reduce_mean(loss.detach().clone())
-            record["local_losses"].append(loss.item())
-            record["mean_losses"].append(mean_loss.item())
-            log(f"epoch {epoch} step {step} mean loss over ranks {mean_loss.item():.4f}")
-
+    _train(ctx, args, model, torch.optim.SGD(model.parameters(), lr=lr), dataset, record, log, say)
     equal = _same_on_all_ranks(_flat_params(model), ctx.world_size)
     log(f"parameters identical on all ranks after training: {'yes' if equal else 'NO'}")
     if strategy == "none" and ctx.world_size > 1:

@@ -159,6 +159,26 @@ def find_default_notebook(notebook_dir: Path, wanted: str | None = None) -> str 
     return None
 
 
+def _checked_root(*, port: int, notebook_dir: str | os.PathLike[str], ip: str, token: str | None,
+                  allow_remote: bool, open_path: str | None) -> Path:
+    """Refuse a bad option before anything starts (one clear error each); returns the notebook folder, resolved."""
+    if token is not None and not token.strip():
+        raise LabError("the token must not be empty: an unauthenticated notebook server runs anyone's code as you.")
+    if not is_loopback(ip) and not allow_remote:
+        raise LabError(
+            f"--ip {ip} would let other machines reach this notebook server. Keep the default {DEFAULT_IP}, "
+            f"or add --allow-remote if you really mean to serve a network (the token is still required)."
+        )
+    if not 1 <= port <= 65535:
+        raise LabError(f"--port {port} is not a TCP port; use a number between 1024 and 65535, e.g. 8888.")
+    root = Path(notebook_dir).expanduser().resolve()
+    if not root.is_dir():
+        raise LabError(f"--notebook-dir {notebook_dir!s} is not a directory; pass the folder holding the notebooks.")
+    if open_path is not None and find_default_notebook(root, open_path) is None:
+        raise LabError(f"--open {open_path}: no such notebook under {root}; give a path relative to --notebook-dir.")
+    return root
+
+
 def build_command(
     *,
     port: int = DEFAULT_PORT,
@@ -177,21 +197,8 @@ def build_command(
     one; an empty token is refused. ``extra_args`` are appended as-is (tests use them for temporary settings
     directories).
     """
-    if token is not None and not token.strip():
-        raise LabError("the token must not be empty: an unauthenticated notebook server runs anyone's code as you.")
-    if not is_loopback(ip) and not allow_remote:
-        raise LabError(
-            f"--ip {ip} would let other machines reach this notebook server. Keep the default {DEFAULT_IP}, "
-            f"or add --allow-remote if you really mean to serve a network (the token is still required)."
-        )
-    if not 1 <= port <= 65535:
-        raise LabError(f"--port {port} is not a TCP port; use a number between 1024 and 65535, e.g. 8888.")
-    root = Path(notebook_dir).expanduser().resolve()
-    if not root.is_dir():
-        raise LabError(f"--notebook-dir {notebook_dir!s} is not a directory; pass the folder holding the notebooks.")
-    if open_path is not None and find_default_notebook(root, open_path) is None:
-        raise LabError(f"--open {open_path}: no such notebook under {root}; give a path relative to --notebook-dir.")
-
+    root = _checked_root(port=port, notebook_dir=notebook_dir, ip=ip, token=token, allow_remote=allow_remote,
+                         open_path=open_path)
     token = token or new_token()
     default_path = find_default_notebook(root, open_path)
     notes: list[str] = []

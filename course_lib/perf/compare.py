@@ -624,6 +624,47 @@ def _time_round(fn: Callable[[], Any], calls: int, device: torch.device) -> tupl
     return wall, cpu, machine
 
 
+def _checked_work(names: list[str], work: float | Mapping[str, float], *, rounds: int, min_rounds: int,
+                  warmup: int, budget_s: float | None, kind: str) -> dict[str, float]:
+    """Refuse a comparison that cannot be made (one clear error each); returns each contender's work per call."""
+    if len(names) < 2:
+        raise ValueError(f"compare() needs at least two contenders, got {names}.")
+    if not isinstance(rounds, int) or rounds < 1 or not isinstance(min_rounds, int) or min_rounds < 1:
+        raise ValueError(f"rounds={rounds!r} and min_rounds={min_rounds!r} must be whole numbers >= 1.")
+    if not isinstance(warmup, int) or warmup < 1:
+        raise ValueError(f"warmup={warmup!r} must be >= 1: the first call pays for lazy initialisation.")
+    if budget_s is not None and budget_s <= 0:
+        raise ValueError(f"budget_s={budget_s!r} must be positive seconds (or None for no budget).")
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} must be one of {KINDS}: 'parallel' when the comparison is about workers, "
+                         "threads or processes, else 'work'.")
+    works = {n: float(work[n] if isinstance(work, Mapping) else work) for n in names}
+    for n, w in works.items():
+        if not (math.isfinite(w) and w > 0):
+            raise ValueError(f"work for {n!r} is {w!r}: it must be a positive amount per call.")
+    return works
+
+
+def _calibrated_calls(fn: Callable[[], Any], warmup: int, min_round_s: float, device: torch.device) -> int:
+    """Warm ``fn`` up, then the calls per round that make a round last about ``min_round_s``."""
+    one = _time_round(fn, warmup, device)[0] / warmup
+    calls = max(1, math.ceil(min_round_s / one)) if one > 0 else 1
+    if calls > 1:  # the first calls paid for lazy initialisation: calibrate again on a full round
+        one = _time_round(fn, calls, device)[0] / calls
+        calls = max(1, math.ceil(min_round_s / one)) if one > 0 else 1
+    return calls
+
+
+def _measurement(name: str, rows: list[tuple[float, float, float]], calls: int, work: float,
+                 unit: str) -> Measurement:
+    """One contender's rounds ``(wall, own CPU, machine CPU)`` as per-call times, with what others took."""
+    walls = tuple(max(w, 1e-12) / calls for w, _, _ in rows)
+    cpus = tuple(max(cpu, 1e-12) / calls for _, cpu, _ in rows)
+    others = tuple(max(0.0, machine - cpu) for _, cpu, machine in rows)
+    return Measurement(name, walls, work, unit, cpu_seconds=cpus, round_seconds=tuple(w for w, _, _ in rows),
+                       others_cpu=others)
+
+
 def compare(
     contenders: Mapping[str, Callable[[], Any]],
     *,
@@ -652,34 +693,15 @@ def compare(
     Taught in lesson 00 (``notebooks/00_welcome.ipynb``).
     """
     names = list(contenders)
-    if len(names) < 2:
-        raise ValueError(f"compare() needs at least two contenders, got {names}.")
-    if not isinstance(rounds, int) or rounds < 1 or not isinstance(min_rounds, int) or min_rounds < 1:
-        raise ValueError(f"rounds={rounds!r} and min_rounds={min_rounds!r} must be whole numbers >= 1.")
-    if not isinstance(warmup, int) or warmup < 1:
-        raise ValueError(f"warmup={warmup!r} must be >= 1: the first call pays for lazy initialisation.")
-    if budget_s is not None and budget_s <= 0:
-        raise ValueError(f"budget_s={budget_s!r} must be positive seconds (or None for no budget).")
-    if kind not in KINDS:
-        raise ValueError(f"kind={kind!r} must be one of {KINDS}: 'parallel' when the comparison is about workers, "
-                         "threads or processes, else 'work'.")
-    works = {n: float(work[n] if isinstance(work, Mapping) else work) for n in names}
-    for n, w in works.items():
-        if not (math.isfinite(w) and w > 0):
-            raise ValueError(f"work for {n!r} is {w!r}: it must be a positive amount per call.")
+    works = _checked_work(names, work, rounds=rounds, min_rounds=min_rounds, warmup=warmup, budget_s=budget_s,
+                          kind=kind)
     device = torch.device(device)
     previous_threads = torch.get_num_threads()
     n_threads = course_threads() if threads is None else int(threads)
     torch.set_num_threads(n_threads)
     try:
         started = clock.now()
-        calls: dict[str, int] = {}
-        for n in names:  # warm-up, which also calibrates the calls per round
-            one = _time_round(contenders[n], warmup, device)[0] / warmup
-            calls[n] = max(1, math.ceil(min_round_s / one)) if one > 0 else 1
-            if calls[n] > 1:  # the first calls paid for lazy initialisation: calibrate again on a full round
-                one = _time_round(contenders[n], calls[n], device)[0] / calls[n]
-                calls[n] = max(1, math.ceil(min_round_s / one)) if one > 0 else 1
+        calls = {n: _calibrated_calls(contenders[n], warmup, min_round_s, device) for n in names}  # warm-up too
         rows: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
         stopped = False
         with OtherPrograms() as load:  # what the rest of the machine did meanwhile
@@ -694,13 +716,6 @@ def compare(
                     break
     finally:
         torch.set_num_threads(previous_threads)
-    measurements = {}
-    for n in names:
-        c = calls[n]
-        walls = tuple(max(w, 1e-12) / c for w, _, _ in rows[n])
-        cpus = tuple(max(cpu, 1e-12) / c for _, cpu, _ in rows[n])
-        others = tuple(max(0.0, machine - cpu) for _, cpu, machine in rows[n])
-        measurements[n] = Measurement(n, walls, works[n], unit, cpu_seconds=cpus,
-                                      round_seconds=tuple(w for w, _, _ in rows[n]), others_cpu=others)
+    measurements = {n: _measurement(n, rows[n], calls[n], works[n], unit) for n in names}
     return Comparison(measurements, n_threads, calls, stopped, kind=kind, device=device.type,
                       measured_others_cores=load.cores)

@@ -75,6 +75,28 @@ def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: tuple
     opt.zero_grad(set_to_none=True)
 
 
+def _first_steps(eager: torch.nn.Module, opt_e: torch.optim.Optimizer, compiled: Any, twin: torch.nn.Module,
+                 opt_c: torch.optim.Optimizer, example_fn: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+                 device: torch.device, reason: str | None) -> tuple[float, float, Any, str | None]:
+    """Each copy's first training step, timed alone: eager's, and the compiled one's (its cold compile). A compilation
+    that fails there falls back to the eager ``twin`` and says why. Returns ``(eager s, cold s, model, reason)``."""
+    def timed(m: Any, opt: torch.optim.Optimizer) -> float:
+        batch = example_fn()
+        synchronize(device)
+        t0 = clock.now()
+        _train_step(m, opt, batch)
+        synchronize(device)
+        return clock.now() - t0
+
+    eager_first = timed(eager, opt_e)
+    try:
+        return eager_first, timed(compiled, opt_c), compiled, reason
+    except Exception as exc:
+        reason = f"compilation failed at the first step: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        print(f"torch.compile fell back to eager: {reason}")
+        return eager_first, timed(twin, opt_c), twin, reason
+
+
 def measure_compile(
     model: torch.nn.Module,
     example_fn: Callable[[], tuple[torch.Tensor, torch.Tensor]],
@@ -109,22 +131,8 @@ def measure_compile(
     opt_e = torch.optim.SGD(eager.parameters(), lr=1e-3)
     opt_c = torch.optim.SGD(twin.parameters(), lr=1e-3)
 
-    def timed(m: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
-        batch = example_fn()
-        synchronize(device)
-        t0 = clock.now()
-        _train_step(m, opt, batch)
-        synchronize(device)
-        return clock.now() - t0
-
-    eager_first = timed(eager, opt_e)
-    try:
-        cold = timed(compiled, opt_c)
-    except Exception as exc:
-        reason = f"compilation failed at the first step: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        print(f"torch.compile fell back to eager: {reason}")
-        compiled = twin
-        cold = timed(compiled, opt_c)
+    eager_first, cold, compiled, reason = _first_steps(eager, opt_e, compiled, twin, opt_c, example_fn, device,
+                                                       reason)
     comparison = compare(
         {"compiled": lambda: _train_step(compiled, opt_c, example_fn()),
          "eager": lambda: _train_step(eager, opt_e, example_fn())},

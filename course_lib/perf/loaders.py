@@ -295,6 +295,21 @@ def experiment_order(batch_size: int = 64, max_workers: int | None = None) -> li
     return configs
 
 
+def _check_sweep(configs: Sequence[dict[str, Any]], n_batches: int | None, n_samples: int | None,
+                 repeats: int) -> None:
+    """Refuse a sweep that could not measure equal, well-defined work, before any loader starts."""
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1.")
+    if (n_batches is None) == (n_samples is None):
+        raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")
+    for c in configs:
+        missing = [k for k in ("num_workers", "batch_size") if k not in c]
+        if missing:
+            raise ValueError(f"config {c!r} lacks {missing}; build configs with experiment_order().")
+    if n_samples is not None:
+        _check_samples(configs, n_samples)
+
+
 def loader_sweep(
     dataset: Dataset,
     configs: Sequence[dict[str, Any]],
@@ -320,17 +335,8 @@ def loader_sweep(
     row). ``on_row(row)`` is called as each row finishes, so a widget can plot the sweep live. Pinned-memory rows on
     a non-CUDA device are not measured (``skipped`` says why, ``samples_per_s`` is ``None``).
     """
-    if repeats < 1:
-        raise ValueError(f"repeats={repeats} must be >= 1.")
-    if (n_batches is None) == (n_samples is None):
-        raise ValueError(f"give exactly one of n_batches={n_batches!r} and n_samples={n_samples!r}.")
+    _check_sweep(configs, n_batches, n_samples, repeats)
     device = torch.device(device)
-    for c in configs:
-        missing = [k for k in ("num_workers", "batch_size") if k not in c]
-        if missing:
-            raise ValueError(f"config {c!r} lacks {missing}; build configs with experiment_order().")
-    if n_samples is not None:
-        _check_samples(configs, n_samples)
     rows: list[dict[str, Any]] = []
     iterator: Iterable[dict[str, Any]] = configs
     if progress:
@@ -398,13 +404,7 @@ def compare_loaders(
     """
     device = torch.device(device)
     measured = _measurable_configs(configs, n_batches, n_samples, device)
-    if n_samples is None:  # n_batches per epoch: the same samples only when every config has the same batch x epochs
-        if len({c["batch_size"] * c.get("epochs", 1) for c in measured}) > 1:
-            raise ValueError(
-                "compare_loaders(n_batches=...) with configs of different batch_size x epochs would give them "
-                "different numbers of samples; give n_samples (a multiple of every batch_size x epochs) instead."
-            )
-        n_samples = n_batches * measured[0]["batch_size"] * measured[0].get("epochs", 1)
+    n_samples = _equal_samples(measured, n_batches, n_samples)
     unit = _check_samples(measured, n_samples)
     shrink = 1.0  # set after the warm-up when three rounds would overrun budget_s
 
@@ -416,11 +416,7 @@ def compare_loaders(
         return batches_per_epoch(cfg, samples_now())
 
     runs: dict[str, list[dict[str, Any]]] = {c["label"]: [] for c in measured}
-    bar = None
-    if progress:
-        from course_lib.progress import tqdm
-
-        bar = tqdm(total=len(measured) * (2 + rounds), desc="loader comparison", unit="run")
+    bar = _comparison_bar(len(measured) * (2 + rounds)) if progress else None
 
     def contender(cfg: dict[str, Any]) -> Callable[[], None]:
         kwargs = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
@@ -450,10 +446,33 @@ def compare_loaders(
                              kind="parallel")  # about workers
     finally:
         if bar is not None:
-            bar.total = bar.n  # stopped by the budget: the bar ends where the measurement ended
-            bar.refresh()
-            bar.close()
+            _close_bar(bar)
     return comparison, _comparison_rows(configs, runs, comparison, batches_of, device)
+
+
+def _equal_samples(measured: Sequence[dict[str, Any]], n_batches: int | None, n_samples: int | None) -> int:
+    """The samples every contender delivers: ``n_samples``, or ``n_batches`` per epoch when that is the same work
+    for every config (the same ``batch_size x epochs``); refused otherwise."""
+    if n_samples is not None:
+        return n_samples
+    if len({c["batch_size"] * c.get("epochs", 1) for c in measured}) > 1:
+        raise ValueError(
+            "compare_loaders(n_batches=...) with configs of different batch_size x epochs would give them "
+            "different numbers of samples; give n_samples (a multiple of every batch_size x epochs) instead."
+        )
+    return n_batches * measured[0]["batch_size"] * measured[0].get("epochs", 1)
+
+
+def _comparison_bar(total: int) -> Any:
+    from course_lib.progress import tqdm
+
+    return tqdm(total=total, desc="loader comparison", unit="run")
+
+
+def _close_bar(bar: Any) -> None:
+    bar.total = bar.n  # stopped by the budget: the bar ends where the measurement ended
+    bar.refresh()
+    bar.close()
 
 
 def _measurable_configs(configs: Sequence[dict[str, Any]], n_batches: int | None, n_samples: int | None,
