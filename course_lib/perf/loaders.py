@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -405,30 +406,10 @@ def compare_loaders(
     device = torch.device(device)
     measured = _measurable_configs(configs, n_batches, n_samples, device)
     n_samples = _equal_samples(measured, n_batches, n_samples)
-    unit = _check_samples(measured, n_samples)
-    shrink = 1.0  # set after the warm-up when three rounds would overrun budget_s
-
-    def samples_now() -> int:
-        """The samples every config delivers: all of n_samples, or the same shortened count for every config."""
-        return n_samples if shrink == 1.0 else max(unit, int(n_samples * shrink) // unit * unit)
-
-    def batches_of(cfg: dict[str, Any]) -> int:
-        return batches_per_epoch(cfg, samples_now())
-
+    work = _EqualWork(n_samples, unit=_check_samples(measured, n_samples))
     runs: dict[str, list[dict[str, Any]]] = {c["label"]: [] for c in measured}
     bar = _comparison_bar(len(measured) * (2 + rounds)) if progress else None
-
-    def contender(cfg: dict[str, Any]) -> Callable[[], None]:
-        kwargs = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
-
-        def run() -> None:
-            runs[cfg["label"]].append(measure_loader(dataset, n_batches=batches_of(cfg), device=device, **kwargs))
-            if bar is not None:
-                bar.update()
-
-        return run
-
-    contenders = {c["label"]: contender(c) for c in measured}
+    contenders = {c["label"]: _loader_contender(dataset, c, work, device, runs[c["label"]], bar) for c in measured}
     try:
         # The warm-up, done here rather than in compare(): its duration says whether the rounds fit the budget.
         started = clock.now()
@@ -436,8 +417,8 @@ def compare_loaders(
             run()
         one_round_s = clock.now() - started
         min_rounds = min(3, rounds)
-        shrink = _shrink_to_budget(one_round_s, budget_s, min_rounds)
-        samples = {c["label"]: batches_of(c) * c["batch_size"] * c.get("epochs", 1) for c in measured}
+        work.shrink = _shrink_to_budget(one_round_s, budget_s, min_rounds)
+        samples = {c["label"]: work.batches_of(c) * c["batch_size"] * c.get("epochs", 1) for c in measured}
         assert len(set(samples.values())) == 1, f"unequal work: {samples}"  # batches_per_epoch guarantees it
         # compare()'s own warm-up call is one more epoch per config; the rows ignore both warm-ups.
         comparison = compare(contenders, rounds=rounds, warmup=1, work=samples, min_round_s=0.0,
@@ -447,7 +428,7 @@ def compare_loaders(
     finally:
         if bar is not None:
             _close_bar(bar)
-    return comparison, _comparison_rows(configs, runs, comparison, batches_of, device)
+    return comparison, _comparison_rows(configs, runs, comparison, work.batches_of, device)
 
 
 def _equal_samples(measured: Sequence[dict[str, Any]], n_batches: int | None, n_samples: int | None) -> int:
@@ -461,6 +442,37 @@ def _equal_samples(measured: Sequence[dict[str, Any]], n_batches: int | None, n_
             "different numbers of samples; give n_samples (a multiple of every batch_size x epochs) instead."
         )
     return n_batches * measured[0]["batch_size"] * measured[0].get("epochs", 1)
+
+
+@dataclass
+class _EqualWork:
+    """The samples every config of a comparison delivers: all of ``n_samples``, or, once the warm-up showed that the
+    rounds would overrun the budget, the same shortened count (``shrink``, in whole units) for every config."""
+
+    n_samples: int
+    unit: int
+    shrink: float = 1.0
+
+    def samples(self) -> int:
+        if self.shrink == 1.0:
+            return self.n_samples
+        return max(self.unit, int(self.n_samples * self.shrink) // self.unit * self.unit)
+
+    def batches_of(self, cfg: dict[str, Any]) -> int:
+        return batches_per_epoch(cfg, self.samples())
+
+
+def _loader_contender(dataset: Dataset, cfg: dict[str, Any], work: _EqualWork, device: torch.device,
+                      runs: list[dict[str, Any]], bar: Any) -> Callable[[], None]:
+    """One call: build ``cfg``'s loader and deliver its samples (start-up and shut-down included); kept in ``runs``."""
+    kwargs = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
+
+    def run() -> None:
+        runs.append(measure_loader(dataset, n_batches=work.batches_of(cfg), device=device, **kwargs))
+        if bar is not None:
+            bar.update()
+
+    return run
 
 
 def _comparison_bar(total: int) -> Any:
