@@ -42,6 +42,19 @@ def test_a_real_sigkill_then_resume(tmp_path: Path, truth: harness.Segment) -> N
     assert _losses(result.resumed) == [truth.losses[s] for s in range(7, CFG.steps + 1)]
 
 
+def test_a_process_whose_forks_cannot_run_autograd_resumes_in_process(tmp_path: Path, truth: harness.Segment,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notebook's functions are run in a forked child; once the process has compiled something, torch refuses
+    autograd in such a child, and the harness falls back to the in-process interrupt instead of failing the run.
+    The patched probe stands in for that process state (the forked child inherits it)."""
+    monkeypatch.setattr(harness, "_autograd_works_here", lambda: False)
+    notebook_save = lambda path, **parts: harness.reference_save(path, **parts)  # noqa: E731 - not importable
+    result = harness.killed_run(CFG, tmp_path / "c.pt", notebook_save, harness.reference_load, 7)
+    assert result.how == "exception"
+    assert max(result.before) == 7 and result.resumed.start == 6
+    assert _losses(result.resumed) == [truth.losses[s] for s in range(7, CFG.steps + 1)]
+
+
 @pytest.mark.parametrize("what", ["optimizer state", "random number generators", "data position"])
 def test_each_missing_piece_changes_the_resumed_losses(tmp_path: Path, truth: harness.Segment, what: str) -> None:
     result = harness.interrupted_run(CFG, tmp_path / "c.pt", harness.reference_save, _forgetting(what), 5)

@@ -262,11 +262,24 @@ def _child(cfg: HarnessConfig, path: str, save: SaveFn, load: LoadFn, kill_after
         if step >= kill_after:
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no flush: as if the machine had cut the process
 
+    if not _autograd_works_here():
+        out.send(("no autograd", "this process has started autograd's device threads (torch.compile does)"))
+        os._exit(1)
     try:
         run(cfg, path, save, load, on_step=report)
     except BaseException as exc:
         out.send(("error", f"{type(exc).__name__}: {exc}"))
         os._exit(1)
+
+
+def _autograd_works_here() -> bool:
+    """Whether this (forked) process can run a backward pass: torch refuses in a child forked from a process whose
+    autograd engine has started its device threads, which a ``torch.compile`` call does even on a CPU-only machine."""
+    try:
+        torch.ones(1, requires_grad=True).sum().backward()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _importable(fn: Callable[..., Any]) -> bool:
@@ -283,7 +296,8 @@ def _importable(fn: Callable[..., Any]) -> bool:
 def killed_run(cfg: HarnessConfig, path: str | Path, save: SaveFn, load: LoadFn, kill_after: int) -> ResumedRun:
     """Like :func:`interrupted_run`, but the first part runs in a forked child killed with SIGKILL after step
     ``kill_after``; the resumption runs here. Off Linux it falls back to the in-process interrupt (Windows has no
-    ``fork``; on macOS a forked child of a process that has used system frameworks may crash).
+    ``fork``; on macOS a forked child of a process that has used system frameworks may crash), and so it does when
+    a forked child cannot run autograd (this process has compiled something: see :func:`_autograd_works_here`).
 
     The save/load functions need not be importable: a forked child inherits them (a notebook's functions work).
     Importable ones (the reference, a module's) start from a clean fork server instead: forking a process that has
@@ -310,6 +324,10 @@ def killed_run(cfg: HarnessConfig, path: str | Path, save: SaveFn, load: LoadFn,
             break
         if step == "error":
             error = value
+        elif step == "no autograd":
+            child.join()
+            reader.close()
+            return interrupted_run(cfg, path, save, load, kill_after)
         else:
             before[step] = value
     child.join()
