@@ -22,6 +22,7 @@ import html
 import math
 import os
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,9 +109,12 @@ SKIP_CHOICE = "skip: just show me"
 class Prediction:
     """A question asked before a measurement; :meth:`reveal` compares the learner's answer with what was measured.
 
-    Nothing is pre-selected. In a live notebook the reveal waits for the answer: when :meth:`reveal` runs before the
-    learner has answered (Run All), it shows a placeholder that turns into the comparison the moment they answer.
-    Once answered, the question is replaced by plain text (so a saved notebook reopens without widget errors).
+    Nothing is pre-selected. In a live notebook an open multiple-choice question holds back what would answer it:
+    the output of every cell run after it, up to and including the cell of its reveal, goes into a held area that
+    the answer opens (see :func:`_hold_cell_output`), and the reveal is written for every possible answer, the
+    answer choosing which one shows. Both are linked in the browser, so a click takes effect at once, also while
+    Run All keeps the kernel busy. Once the kernel hears the answer, the question is replaced by plain text (so a
+    saved notebook reopens without dead controls).
     Without a live kernel (nbval, a rendered site) nobody can answer: the reveal says so plainly. ``default`` is an
     answer recorded for smoke-mode runs only, for tests that exercise the comparison branch; lessons never pass one
     (a default in the lesson's code would read as the expected answer).
@@ -120,8 +124,12 @@ class Prediction:
     choices: tuple[str, ...] | None = None
     default: str = ""
     widget: Any = field(default=None, repr=False)
+    key: str = field(default_factory=lambda: uuid.uuid4().hex[:10], repr=False)  # names this question's CSS classes
+    revealed: bool = field(default=False, repr=False)
     _question_handle: Any = field(default=None, repr=False)
     _pending: list[Any] = field(default_factory=list, repr=False)
+    _hints: list[Any] = field(default_factory=list, repr=False)
+    _links: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def answer(self) -> str:
@@ -140,13 +148,18 @@ class Prediction:
         """Whether the answer equals ``actual`` (case and surrounding spaces ignored)."""
         return actual is not None and self.answer.strip().lower() == str(actual).strip().lower()
 
-    def reveal_markdown(self, actual: str | None, why: str = "") -> str:
-        """The Markdown of the reveal for the current answer (pure, for tests).
+    @property
+    def values(self) -> tuple[str, ...]:
+        """Every answer a choice widget can give, in the order of its buttons."""
+        return () if self.choices is None else (*self.choices, SKIP_CHOICE)
+
+    def reveal_markdown(self, actual: str | None, why: str = "", answer: str | None = None) -> str:
+        """The Markdown of the reveal for ``answer`` (default: the current answer); pure, for tests.
 
         ``actual=None`` means the measurement could not decide (e.g. a busy machine): no choice is "right".
         """
         measured = actual if actual is not None else "could not be decided on this machine right now"
-        answer = self.answer.strip()
+        answer = (self.answer if answer is None else answer).strip()
         if not answer:
             lines = ["**No prediction was made** (nobody answered the question above).  ",
                      f"**This machine measured:** {measured}"]
@@ -155,7 +168,7 @@ class Prediction:
         else:
             lines = [f"**You predicted:** {answer}  ", f"**This machine measured:** {measured}"]
             if self.choices is not None and actual is not None:
-                verdict = ("Your prediction matched." if self.matches(actual)
+                verdict = ("Your prediction matched." if answer.lower() == str(actual).strip().lower()
                            else "Not what you predicted: worth a second look.")
                 lines[-1] += "  "
                 lines.append(f"*{verdict}*")
@@ -163,11 +176,12 @@ class Prediction:
             lines += ["", why]
         return "\n".join(lines)
 
+    def _waiting_text(self) -> str:
+        return (f"Your prediction is still open. Answer the question above (or choose {SKIP_CHOICE}): what this "
+                "machine measured appears here as soon as you do.")
+
     def _waiting_markdown(self) -> str:
-        return (
-            "**Your prediction is still open.** Answer the question above (or choose "
-            f"*{SKIP_CHOICE}*): what this machine measured appears here as soon as you do."
-        )
+        return f"**{self._waiting_text()}**"
 
     def _freeze_question(self) -> None:
         """Replace the question widget by plain text showing the committed answer."""
@@ -178,11 +192,36 @@ class Prediction:
         self._question_handle.update(Markdown(f"**Predict:** {self.question}  \n*Your answer:* {self.answer}"))
         self._question_handle = None
 
+    def hint(self, text: str) -> Any:
+        """A line shown until this question is answered.
+
+        The browser hides it the moment a choice is active (a CSS rule, so also while Run All keeps the kernel
+        busy); the kernel hides it as well once it hears the answer (for front ends without CSS ``:has``).
+        """
+        import ipywidgets as widgets
+
+        rule = f"body:has(.course-q-{self.key} .mod-active) .course-hint-{self.key} {{display: none}}"
+        line = f'<div class="course-hint-{self.key}"><i>{html.escape(text)}</i></div>'
+        hint = widgets.HTML(f"<style>{rule}</style>{line}")
+        self._hints.append(hint)
+        return hint
+
+    def linked_stack(self, children: Sequence[Any]) -> Any:
+        """A stack showing ``children[i]`` once the learner picks choice ``i`` and nothing before: the choice's
+        index is linked to the stack in the browser, never through the (possibly busy) kernel."""
+        import ipywidgets as widgets
+
+        stack = widgets.Stack(children=list(children), selected_index=None)
+        self._links.append(widgets.jsdlink((self.widget, "index"), (stack, "selected_index")))
+        return stack
+
     def _on_answer(self, change: dict[str, Any]) -> None:
         if not change.get("new"):
             return
         from IPython.display import Markdown
 
+        for hint in self._hints:  # before the question turns into text, which the CSS rule looks for
+            hint.layout.display = "none"
         for handle, actual, why in self._pending:
             handle.update(Markdown(self.reveal_markdown(actual, why)))
         self._pending.clear()
@@ -200,14 +239,25 @@ class Prediction:
                 f"actual={actual!r} is not one of the choices {self.choices}; compute it from the measurement "
                 "as one of those strings (or None when the measurement could not decide)."
             )
+        self.revealed = True
         if self.widget is None or self.answered:
             self._freeze_question()
             say(self.reveal_markdown(actual, why))
             return
         from IPython.display import Markdown, display
 
-        handle = display(Markdown(self._waiting_markdown()), display_id=True)
-        self._pending[:] = [(handle, actual, why)]  # a re-run cell replaces the earlier placeholder
+        if self.choices is None:  # free text: the kernel writes the reveal when it hears the answer
+            handle = display(Markdown(self._waiting_markdown()), display_id=True)
+            self._pending[:] = [(handle, actual, why)]  # a re-run cell replaces the earlier placeholder
+            return
+        import ipywidgets as widgets
+
+        reveals = []
+        for answer in self.values:
+            out = widgets.Output()
+            out.append_display_data(Markdown(self.reveal_markdown(actual, why, answer=answer)))
+            reveals.append(out)
+        display(widgets.VBox([self.hint(self._waiting_text()), self.linked_stack(reveals)]))
 
 
 def _code_spans_html(text: str) -> str:
@@ -273,8 +323,70 @@ def predict(question: str, choices: Sequence[str] | None = None, default: str | 
         )
     prediction.widget.observe(prediction._on_answer, names="value")
     label = widgets.HTML(f"<b>Predict:</b> {_code_spans_html(question)}")
-    prediction._question_handle = display(widgets.VBox([label, prediction.widget]), display_id=True)
+    box = widgets.VBox([label, prediction.widget])
+    box.add_class(f"course-q-{prediction.key}")
+    prediction._question_handle = display(box, display_id=True)
+    if options is not None:
+        _hold_after(prediction)
     return prediction
+
+
+# --------------------------------------------------------------------------------------------------------
+# Holding back what would answer an open question
+# --------------------------------------------------------------------------------------------------------
+HELD_TEXT = "Held until you answer the question above (or choose skip): the output below could answer it."
+
+
+@dataclass
+class _Holding:
+    """The question whose answer is awaited, and the held area of the cell running now (if any)."""
+
+    question: Prediction | None = None
+    output: Any = None
+    gate: Any = None
+
+
+_holding = _Holding()
+
+
+def _hold_after(prediction: Prediction) -> None:
+    """Hold the output of the cells run after ``prediction``'s cell until it is answered (IPython cell hooks)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    _holding.question = prediction
+    if shell is not None and not getattr(shell, "_course_holds_outputs", False):
+        shell.events.register("pre_run_cell", _hold_cell_output)
+        shell.events.register("post_run_cell", _release_cell_output)
+        shell._course_holds_outputs = True
+
+
+def _hold_cell_output(info: Any = None) -> None:
+    """Before a cell runs: if a question is open (the kernel has not heard its answer), show a held area linked to
+    the question's choices and send the cell's output into it. A cell that asks a question is never held."""
+    question = _holding.question
+    if question is None or question.answered or "predict(" in str(getattr(info, "raw_cell", "")):
+        return
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    held = widgets.Output()
+    gate = question.linked_stack([held] * len(question.values))  # any answer opens it
+    display(widgets.VBox([question.hint(HELD_TEXT), gate]))
+    held.__enter__()  # the browser routes this cell's outputs into ``held``
+    _holding.output, _holding.gate = held, gate
+
+
+def _release_cell_output(result: Any = None) -> None:
+    """After a cell: stop holding its output (an error is never held back), and forget a revealed question."""
+    held, gate = _holding.output, _holding.gate
+    _holding.output = _holding.gate = None
+    if held is not None:
+        held.__exit__(None, None, None)
+        if getattr(result, "error_in_exec", None) is not None:
+            gate.selected_index = 0
+    if _holding.question is not None and _holding.question.revealed:
+        _holding.question = None
 
 
 def use_course_threads() -> int:

@@ -3,6 +3,12 @@
 ``python -m course_lib.nbclean PATH...`` rewrites notebooks in place (folders are searched
 for ``*.ipynb``); ``--check`` only reports, exiting 1 when a notebook is dirty. A test runs
 the check over the whole repository, so a notebook saved with outputs cannot land.
+
+Opening a stored notebook in JupyterLab changes its metadata in memory (the kernel reports its full
+``language_info``, Python's version included, and its kernelspec's display name; the widget manager adds an empty
+widget state), so the learner's next save would rewrite an untouched lesson and ``git pull`` would refuse to
+update it. :func:`keep_stored_metadata`, the course lab's save hook, keeps a stored notebook's own metadata when
+it is saved: saving an untouched lesson writes the same bytes on any Python.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ def clean(nb: dict[str, Any]) -> dict[str, Any]:
     for cell in nb.get("cells", []):
         cell_meta = cell.get("metadata", {})
         cell["metadata"] = {k: cell_meta[k] for k in KEEP_CELL_METADATA if cell_meta.get(k)}
+        source = cell.get("source", "")
+        cell["source"] = ("".join(source) if isinstance(source, list) else source).splitlines(True)  # as Jupyter
         cell.pop("id", None) if nb.get("nbformat_minor", 0) < 5 else None
         if cell.get("cell_type") == "code":
             cell["outputs"] = []
@@ -38,6 +46,33 @@ def clean(nb: dict[str, Any]) -> dict[str, Any]:
             if cell.get("cell_type") == "markdown":
                 cell.pop("attachments", None) if not cell.get("attachments") else None
     return nb
+
+
+def keep_stored_metadata(model: dict[str, Any], path: str, contents_manager: Any, **_: Any) -> None:
+    """Jupyter server pre-save hook: a notebook stored in the course's clean form keeps that form's notebook
+    metadata (kernelspec, minimal language_info), and an empty widget state is not written.
+
+    Only notebooks whose file on disk is in the clean form are touched (a learner's own notebooks keep what
+    JupyterLab writes); cells, outputs and a non-empty widget state are saved as they come.
+    """
+    if model.get("type") != "notebook" or not isinstance(model.get("content"), dict):
+        return
+    os_path = Path(contents_manager._get_os_path(path)) if hasattr(contents_manager, "_get_os_path") else None
+    try:
+        stored = json.loads(os_path.read_text(encoding="utf-8"))["metadata"] if os_path else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    language = stored.get("language_info", {}) if isinstance(stored, dict) else None
+    if not isinstance(language, dict) or set(stored) - set(KEEP_NOTEBOOK_METADATA) or set(language) - {"name"}:
+        return  # not in the clean form: a learner's own notebook
+    meta = model["content"].setdefault("metadata", {})
+    for key in KEEP_NOTEBOOK_METADATA:
+        meta.pop(key, None)
+        if key in stored:
+            meta[key] = stored[key]
+    state = meta.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    if isinstance(state, dict) and not state.get("state"):
+        meta.pop("widgets", None)
 
 
 def dumps(nb: dict[str, Any]) -> str:

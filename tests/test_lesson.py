@@ -49,7 +49,99 @@ class FakeHandle:
         self.shown.append(getattr(obj, "data", str(obj)))
 
 
-def test_reveal_waits_for_the_answer_then_updates_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+def _live_question(monkeypatch: pytest.MonkeyPatch, shown: list) -> lesson.Prediction:
+    """A multiple-choice question as a live kernel shows it (real widgets, no browser), its displays collected."""
+    import IPython.display
+
+    def fake_display(obj: object, display_id: bool = False) -> FakeHandle:
+        shown.append(obj)
+        return FakeHandle()
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    monkeypatch.setattr(lesson, "_in_live_kernel", lambda: True)
+    monkeypatch.setattr(lesson, "_holding", lesson._Holding())
+    return lesson.predict("Which is faster?", choices=["A", "B"])
+
+
+def _links_to(p: lesson.Prediction, stack: object) -> bool:
+    return any(link.source == (p.widget, "index") and link.target == (stack, "selected_index") for link in p._links)
+
+
+def test_an_unanswered_reveal_is_written_for_every_answer_and_chosen_in_the_browser(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import ipywidgets as widgets
+
+    shown: list = []
+    p = _live_question(monkeypatch, shown)
+    p.reveal("B", "because")
+    hint, stack = shown[-1].children
+    assert "still open" in hint.value and "because" not in hint.value and "B" not in hint.value.split("choose")[0]
+    assert isinstance(stack, widgets.Stack) and stack.selected_index is None  # nothing shows before an answer
+    assert _links_to(p, stack)  # the answer picks the reveal in the browser, not through the kernel
+    texts = [out.outputs[0]["data"]["text/markdown"] for out in stack.children]
+    assert len(texts) == 3 and all("because" in t for t in texts)
+    assert "You predicted:** A" in texts[0] and "Not what you predicted" in texts[0]
+    assert "You predicted:** B" in texts[1] and "Your prediction matched" in texts[1]
+    assert "chose not to predict" in texts[2]
+    question = p._question_handle
+    p.widget.value = "A"  # the kernel hears the answer: the question turns into text, the hints go
+    assert hint.layout.display == "none"
+    assert "Your answer:* A" in question.shown[-1]
+
+
+def test_cells_after_an_open_question_are_held_until_its_reveal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ipywidgets as widgets
+
+    shown: list = []
+    p = _live_question(monkeypatch, shown)
+
+    class Cell:
+        def __init__(self, raw_cell: str) -> None:
+            self.raw_cell = raw_cell
+
+    class Result:
+        def __init__(self, error: BaseException | None = None) -> None:
+            self.error_in_exec = error
+
+    lesson._hold_cell_output(Cell("measure()"))
+    hint, gate = shown[-1].children
+    assert lesson.HELD_TEXT in hint.value and isinstance(gate, widgets.Stack) and gate.selected_index is None
+    assert len(gate.children) == 3 and len({id(c) for c in gate.children}) == 1  # any answer opens the same area
+    assert lesson._holding.output is gate.children[0] and _links_to(p, gate)
+    lesson._release_cell_output(Result())
+    assert lesson._holding.output is None and gate.selected_index is None and lesson._holding.question is p
+
+    lesson._hold_cell_output(Cell("broken()"))
+    failed = shown[-1].children[1]
+    lesson._release_cell_output(Result(ValueError("x")))
+    assert failed.selected_index == 0  # an error is never held back
+
+    count = len(shown)
+    lesson._hold_cell_output(Cell('again = lesson.predict("q?", choices=["x", "y"])'))
+    assert len(shown) == count and lesson._holding.output is None  # a cell asking a question is never held
+    lesson._release_cell_output(Result())
+
+    lesson._hold_cell_output(Cell("p.reveal('A')"))
+    p.reveal("A")
+    lesson._release_cell_output(Result())
+    assert lesson._holding.question is None  # revealed: later cells run as usual
+    count = len(shown)
+    lesson._hold_cell_output(Cell("print('next')"))
+    assert len(shown) == count
+
+
+def test_an_answered_question_holds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    shown: list = []
+    p = _live_question(monkeypatch, shown)
+    p.widget.value = "B"
+    count = len(shown)
+    lesson._hold_cell_output(None)
+    assert len(shown) == count and lesson._holding.output is None
+    p.reveal("B")
+    assert "Your prediction matched" in shown[-1].data
+
+
+def test_a_free_text_reveal_waits_for_the_kernel_then_updates_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
     import IPython.display
 
     class FakeWidget:
@@ -65,14 +157,14 @@ def test_reveal_waits_for_the_answer_then_updates_in_place(monkeypatch: pytest.M
 
     monkeypatch.setattr(IPython.display, "display", fake_display)
     question = FakeHandle()
-    p = lesson.Prediction("Which is faster?", choices=("A", "B"), widget=FakeWidget(), _question_handle=question)
-    p.reveal("B", "because")
+    p = lesson.Prediction("How many?", widget=FakeWidget(), _question_handle=question)
+    p.reveal("3", "because")
     assert "still open" in shown[-1]
     assert "because" not in shown[-1] and "measured:**" not in shown[-1]  # nothing spoiled before answering
-    FakeWidget.value = "A"
-    p._on_answer({"new": "A"})
-    assert "You predicted:** A" in handles[-1].shown[-1] and "Not what you predicted" in handles[-1].shown[-1]
-    assert "Your answer:* A" in question.shown[-1]  # the widget is replaced by text: a saved notebook reopens clean
+    FakeWidget.value = "4"
+    p._on_answer({"new": "4"})
+    assert "You predicted:** 4" in handles[-1].shown[-1]
+    assert "Your answer:* 4" in question.shown[-1]  # the widget is replaced by text: a saved notebook reopens clean
     assert p._pending == []
 
 

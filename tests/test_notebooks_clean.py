@@ -34,3 +34,66 @@ def test_clean_removes_outputs_and_volatile_metadata():
     assert cleaned["metadata"]["language_info"] == {"name": "python"}
     assert nbclean.clean(cleaned) == cleaned  # idempotent
     assert json.loads(nbclean.dumps(cleaned)) == cleaned
+
+
+# What JupyterLab puts into a notebook's metadata once a kernel has started, before any cell runs.
+KERNEL_METADATA = {
+    "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+    "language_info": {"name": "python", "version": "3.99.1", "mimetype": "text/x-python", "file_extension": ".py",
+                      "codemirror_mode": {"name": "ipython", "version": 3}, "pygments_lexer": "ipython3",
+                      "nbconvert_exporter": "python"},
+    "widgets": {"application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2, "version_minor": 0}},
+}
+
+
+def _contents_manager(root):
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+
+    manager = FileContentsManager(root_dir=str(root))
+    manager.register_pre_save_hook(nbclean.keep_stored_metadata)
+    return manager
+
+
+def test_saving_an_untouched_notebook_in_the_lab_writes_the_same_bytes(tmp_path):
+    """Open (the kernel's metadata arrives) then save, through Jupyter's own contents manager and the course lab's
+    save hook: every lesson, exercise and solution comes back byte for byte, whatever Python the kernel runs."""
+    import shutil
+
+    changed = []
+    for path in NOTEBOOKS:
+        rel = path.relative_to(REPO)
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, tmp_path / rel)
+    manager = _contents_manager(tmp_path)
+    for path in NOTEBOOKS:
+        rel = path.relative_to(REPO).as_posix()
+        model = manager.get(rel)
+        model["content"]["metadata"].update(json.loads(json.dumps(KERNEL_METADATA)))
+        manager.save(model, rel)
+        if (tmp_path / rel).read_bytes() != path.read_bytes():
+            changed.append(rel)
+    assert changed == []
+
+
+def test_the_save_hook_keeps_work_and_leaves_other_notebooks_alone(tmp_path):
+    stored = json.loads(NOTEBOOKS[0].read_text(encoding="utf-8"))
+    (tmp_path / "lesson.ipynb").write_text(nbclean.dumps(stored), encoding="utf-8")
+    own = {**stored, "metadata": json.loads(json.dumps(KERNEL_METADATA))}
+    own["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"] = {"m1": {"model_name": "x"}}
+    (tmp_path / "mine.ipynb").write_text(nbclean.dumps(own), encoding="utf-8")
+    manager = _contents_manager(tmp_path)
+
+    model = manager.get("lesson.ipynb")
+    model["content"]["metadata"].update(json.loads(json.dumps(KERNEL_METADATA)))
+    model["content"]["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"] = {"m": {}}
+    model["content"]["cells"][0]["source"] = "my notes"
+    manager.save(model, "lesson.ipynb")
+    saved = json.loads((tmp_path / "lesson.ipynb").read_text(encoding="utf-8"))
+    assert "".join(saved["cells"][0]["source"]) == "my notes"  # the learner's work is saved
+    assert saved["metadata"]["language_info"] == stored["metadata"]["language_info"]
+    assert saved["metadata"]["kernelspec"] == stored["metadata"]["kernelspec"]
+    assert saved["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"] == {"m": {}}
+
+    model = manager.get("mine.ipynb")
+    manager.save(model, "mine.ipynb")  # not in the course's stored form: saved as JupyterLab sends it
+    assert json.loads((tmp_path / "mine.ipynb").read_text(encoding="utf-8"))["metadata"] == own["metadata"]
