@@ -99,6 +99,22 @@ def show_source(obj: Any) -> None:
     say(f"`{where}` · `{obj.__qualname__}`\n\n```python\n{inspect.getsource(obj).rstrip()}\n```")
 
 
+# A widget saved with the notebook outlives its kernel: reopened, it shows its saved controls, which do nothing, and
+# ipywidgets marks each view `jupyter-widgets-disconnected` (a red broken-link icon). The course's controls
+# (class LIVE_CLASS) say in words what to do instead; its held areas and reveals (HELD_CLASS) need no kernel to be
+# read, so they show no icon. The rule travels in an HTML widget's saved value, so it works on a reopened notebook.
+LIVE_CLASS, HELD_CLASS = "course-live", "course-held"
+STALE_NOTE = "These controls belong to a kernel that has stopped: run this cell again to use them."
+STALE_STYLE = (
+    "<style>"
+    f'.{LIVE_CLASS}.jupyter-widgets-disconnected::before {{content: "{STALE_NOTE}"; font: italic 13px '
+    "var(--jp-ui-font-family, sans-serif); color: inherit; padding: 2px 0 6px}"
+    f".{LIVE_CLASS} .jupyter-widgets-disconnected::before, .{HELD_CLASS}.jupyter-widgets-disconnected::before, "
+    f".{HELD_CLASS} .jupyter-widgets-disconnected::before {{content: none}}"
+    f".{LIVE_CLASS}.jupyter-widgets-disconnected :is(button, input) {{pointer-events: none; opacity: 0.55}}"
+    "</style>"
+)
+
 # --------------------------------------------------------------------------------------------------------
 # Predict -> measure -> explain
 # --------------------------------------------------------------------------------------------------------
@@ -202,7 +218,7 @@ class Prediction:
 
         rule = f"body:has(.course-q-{self.key} .mod-active) .course-hint-{self.key} {{display: none}}"
         line = f'<div class="course-hint-{self.key}"><i>{html.escape(text)}</i></div>'
-        hint = widgets.HTML(f"<style>{rule}</style>{line}")
+        hint = widgets.HTML(f"<style>{rule}</style>{STALE_STYLE}{line}")
         self._hints.append(hint)
         return hint
 
@@ -257,7 +273,7 @@ class Prediction:
             out = widgets.Output()
             out.append_display_data(Markdown(self.reveal_markdown(actual, why, answer=answer)))
             reveals.append(out)
-        display(widgets.VBox([self.hint(self._waiting_text()), self.linked_stack(reveals)]))
+        display(widgets.VBox([self.hint(self._waiting_text()), self.linked_stack(reveals)]).add_class(HELD_CLASS))
 
 
 def _code_spans_html(text: str) -> str:
@@ -322,9 +338,9 @@ def predict(question: str, choices: Sequence[str] | None = None, default: str | 
             layout=widgets.Layout(width="100%"),
         )
     prediction.widget.observe(prediction._on_answer, names="value")
-    label = widgets.HTML(f"<b>Predict:</b> {_code_spans_html(question)}")
+    label = widgets.HTML(f"{STALE_STYLE}<b>Predict:</b> {_code_spans_html(question)}")
     box = widgets.VBox([label, prediction.widget])
-    box.add_class(f"course-q-{prediction.key}")
+    box.add_class(f"course-q-{prediction.key}").add_class(LIVE_CLASS)
     prediction._question_handle = display(box, display_id=True)
     if options is not None:
         _hold_after(prediction)
@@ -372,7 +388,7 @@ def _hold_cell_output(info: Any = None) -> None:
 
     held = widgets.Output()
     gate = question.linked_stack([held] * len(question.values))  # any answer opens it
-    display(widgets.VBox([question.hint(HELD_TEXT), gate]))
+    display(widgets.VBox([question.hint(HELD_TEXT), gate]).add_class(HELD_CLASS))
     held.__enter__()  # the browser routes this cell's outputs into ``held``
     _holding.output, _holding.gate = held, gate
 

@@ -39,6 +39,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from torch.utils.data import Dataset
 
+from course_lib.lesson import LIVE_CLASS, STALE_STYLE
 from course_lib.mode import by_mode
 
 BATCH_SIZES = (8, 16, 32, 64, 128, 256)
@@ -225,15 +226,15 @@ class LoaderPlayground(widgets.VBox):
         self._wire_events()
         self._update_enabled()
         self._draw_plot()
-        title = widgets.HTML("<b>DataLoader playground</b>: change one setting at a time, press Run, compare "
-                             "samples/s.")
+        title = widgets.HTML(f"{STALE_STYLE}<b>DataLoader playground</b>: change one setting at a time, press Run, "
+                             "compare samples/s.")
         controls = widgets.VBox([
             self.num_workers, self.batch_size, self.pin_memory, self.prefetch_factor, self.persistent_workers,
             self.epochs, self.n_batches, self.hints,
             widgets.HBox([self.run_button, self.sweep_button]), self.status,
         ])
         super().__init__([title, controls, self.progress, self.table, self.plot])
-        self.add_class(CSS_CLASSES["root"])
+        self.add_class(CSS_CLASSES["root"]).add_class(LIVE_CLASS)  # reopened without its kernel: says so
 
     # --- building -------------------------------------------------------------------------------------
     def _build_controls(self, n_batches: int) -> None:

@@ -324,6 +324,19 @@ def wait_for_saved_outputs(page, server, path: str) -> None:
     )
 
 
+def stale_controls(page) -> dict[str, list[str]]:
+    """On a reopened lesson: what each course control's stale note says, and the broken-link icons still drawn."""
+    return page.evaluate(
+        """() => {
+            const notes = [...document.querySelectorAll('.course-live')].map(
+                el => getComputedStyle(el, '::before').content);
+            const icons = [...document.querySelectorAll('.jupyter-widgets-disconnected')].filter(
+                el => !el.classList.contains('course-live') && getComputedStyle(el, '::before').content !== 'none')
+                .map(el => el.className);
+            return {notes, icons};
+        }""")
+
+
 def cell_of(page, selector: str):
     """The notebook cell containing ``selector`` (for screenshots)."""
     return page.locator(".jp-Cell", has=page.locator(selector)).first
@@ -473,5 +486,10 @@ def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, notebook):
         assert (("Your answer:" in page_text(page) and "This machine measured" in outputs_text(page))
                 if notebook.name.startswith("00_")
                 else page.locator(".widget-toggle-buttons").count() >= 1), "the questions did not come back"
+        stale = stale_controls(page)
+        if notebook.name.startswith("02_"):  # open questions and the playground: each says to run its cell again
+            assert stale["notes"] and all("run this cell again" in note for note in stale["notes"]), stale
+        assert stale["icons"] == [], "a reopened course widget still shows the broken-link icon"
+        page.locator(".course-live").last.scroll_into_view_if_needed() if stale["notes"] else None
         shot(page.locator(".jp-NotebookPanel"), f"{notebook.stem}-reopened")
 

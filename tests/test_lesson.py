@@ -278,3 +278,15 @@ def test_code_spans_show_as_code_in_a_question_and_without_backticks_on_a_button
     assert [label for label, _ in buttons.options] == ["pin_memory wins", "no difference", lesson.SKIP_CHOICE]
     buttons.value = "`pin_memory` wins"  # the answer is the choice as written, compared with the reveal's
     assert buttons.tooltips[0] == "pin_memory wins"
+
+
+def test_a_reopened_question_says_to_run_its_cell_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The question's box is marked as a live control and carries the rule that, once its kernel is gone, replaces
+    the broken-link icon by a sentence; held areas and reveals are marked as readable without a kernel."""
+    shown: list = []
+    p = _live_question(monkeypatch, shown)
+    question_box = shown[0]
+    assert lesson.LIVE_CLASS in question_box._dom_classes
+    assert lesson.STALE_STYLE in question_box.children[0].value and "run this cell again" in lesson.STALE_STYLE
+    p.reveal("A")
+    assert lesson.HELD_CLASS in shown[-1]._dom_classes
