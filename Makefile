@@ -10,7 +10,7 @@ NOTEBOOK_DIR ?= .
 # start first (tests/conftest.py: FIRST).
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-.PHONY: setup data lab test test-fast doctor clean-notebooks exercises bench gpu-check site cells
+.PHONY: setup data lab test test-fast walkthrough doctor clean-notebooks exercises bench gpu-check site cells
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: setup
 test-fast: setup
 	$(TEST_ENV) $(PY) -m course_lib data prepare --quiet
 	$(TEST_ENV) $(PY) -m pytest -n 2 -m "not slow and not browser and not distributed" tests
+
+# Run All of every lesson in Chromium, then answer each question (minutes; not part of `make test`).
+walkthrough: setup
+	$(TEST_ENV) $(PY) -m pytest -n 0 -s tests/walkthrough_questions.py
 
 doctor: setup
 	$(PY) -m course_lib doctor

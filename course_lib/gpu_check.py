@@ -124,8 +124,9 @@ def summarise_grading(output: str, returncode: int) -> tuple[str, str]:
     """Status and detail from ``course_lib check``: its score line, and the checks that did not pass."""
     lines = [line for line in output.splitlines() if line.strip()]
     score = next((line for line in reversed(lines) if line.lower().startswith("score")), _last_line(output))
-    # Result rows start with the exercise number; a row without "pass" is a check that failed or did not run.
-    failing = [_one_line(line, 80) for line in lines if re.match(r"^\d\d\s", line) and " pass " not in f" {line} "]
+    # Result rows start with the part ("05", "14.1+2"); a row without "pass" is a check that failed or did not run.
+    failing = [_one_line(line, 80) for line in lines
+               if re.match(r"^\d\d(\.[\d+]+)?\s", line) and " pass " not in f" {line} "]
     detail = score if not failing else f"{score}; not passing: " + " | ".join(failing[:4])
     return (PASSED if returncode == 0 else FAILED), _one_line(detail, 600)
 

@@ -70,6 +70,11 @@ def lessons(root: Path) -> list[Path]:
     return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
+def exercises(root: Path) -> list[Path]:
+    """The exercises as they come (blank, nothing run): pages of the site; their solutions never are."""
+    return sorted((root / "exercises").glob("[0-9][0-9]_*.ipynb"))
+
+
 def guides(root: Path) -> list[Path]:
     """``docs/*.md`` pages: the coverage map and the grading guide first, then the others by name."""
     pages = sorted((root / "docs").glob("*.md"))
@@ -202,10 +207,23 @@ def _toctree(caption: str, entries: list[str]) -> str:
     return "\n```{toctree}\n:hidden:\n:caption: " + caption + "\n\n" + "\n".join(entries) + "\n```\n"
 
 
+def _exercise_page(source: Path, root: Path, pages: set[Path], config: bootstrap.LaunchConfig) -> dict[str, Any]:
+    """An exercise as it comes (no set-up cell: it is for kernels), with a note on how to do and check it."""
+    nb = json.loads(source.read_text(encoding="utf-8"))
+    nb["cells"] = [c for c in nb["cells"] if c.get("id") != bootstrap.SETUP_CELL_ID]
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            cell["source"] = rewrite_links("".join(cell["source"]), source, root, pages, config)
+    note = (f"*The exercise as it comes, nothing run. Do it in JupyterLab (`make lab`, then open "
+            f"`exercises/{source.name}`); `python -m course_lib check {source.name[:2]}` grades your copy.*")
+    nb["cells"].insert(1, {"cell_type": "markdown", "id": "site-exercise-note", "metadata": {}, "source": note})
+    return nb
+
+
 def stage(root: Path, folders: SiteFolders, executed: list[Path], *, machine: str) -> list[Path]:
     """Write the Sphinx sources into ``folders.staging``; return the staged files."""
     config = bootstrap.read_config(root)
-    sources = [root / "README.md", *(root / "notebooks" / p.name for p in executed), *guides(root)]
+    sources = [root / "README.md", *(root / "notebooks" / p.name for p in executed), *exercises(root), *guides(root)]
     pages = {p.resolve() for p in sources}
     staged = []
     for source in sources:
@@ -215,7 +233,10 @@ def stage(root: Path, folders: SiteFolders, executed: list[Path], *, machine: st
             text = rewrite_links(source.read_text(encoding="utf-8"), source, root, pages, config)
             if source.name == "README.md":
                 text += _toctree("Lessons", [f"notebooks/{p.stem}" for p in executed])
+                text += _toctree("Exercises", [f"exercises/{p.stem}" for p in exercises(root)])
                 text += _toctree("Guides", [p.relative_to(root).with_suffix("").as_posix() for p in guides(root)])
+        elif source.parent.name == "exercises":
+            text = json.dumps(_exercise_page(source, root, pages, config), indent=1, ensure_ascii=False)
         else:
             nb = static_outputs(json.loads((folders.executed / source.name).read_text(encoding="utf-8")))
             nb["cells"] = [c for c in nb["cells"] if c.get("id") != bootstrap.SETUP_CELL_ID]
@@ -287,7 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     size = sum(p.stat().st_size for p in folders.html.rglob("*") if p.is_file())
     print(f"site ({folders.mode} mode) in {folders.html / 'index.html'}: {size / 1e6:.1f} MB, "
-          f"built in {time.perf_counter() - start:.0f} s")
+          f"built in {time.perf_counter() - start:.0f} s. Open that file, or serve the folder: "
+          f"python -m http.server -d {folders.html}")
     return 0
 
 

@@ -337,6 +337,28 @@ def stale_controls(page) -> dict[str, list[str]]:
         }""")
 
 
+def check_dark_theme(page, name: str) -> None:
+    """In JupyterLab's dark theme the lesson's outputs (tables, reveals, notes) are light text on the dark page."""
+    page.evaluate("async () => { await window.jupyterapp.commands.execute('apputils:change-theme', "
+                  "{theme: 'JupyterLab Dark'}); }")
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+    dark_text = page.evaluate(
+        """() => {
+            const luminance = color => {
+                const [r, g, b] = color.match(/[\\d.]+/g).slice(0, 3).map(Number);
+                return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255;
+            };
+            return [...document.querySelectorAll('.jp-Cell-outputWrapper .jp-RenderedMarkdown, '
+                                                 + '.jp-Cell-outputWrapper .widget-html-content')]
+                .filter(el => el.innerText.trim() && luminance(getComputedStyle(el).color) < 0.5)
+                .map(el => el.innerText.trim().slice(0, 60));
+        }""")
+    shot(page.locator(".jp-NotebookPanel"), f"{name}-dark")
+    page.evaluate("async () => { await window.jupyterapp.commands.execute('apputils:change-theme', "
+                  "{theme: 'JupyterLab Light'}); }")
+    assert dark_text == [], f"dark text on the dark theme: {dark_text[:5]}"
+
+
 def cell_of(page, selector: str):
     """The notebook cell containing ``selector`` (for screenshots)."""
     return page.locator(".jp-Cell", has=page.locator(selector)).first
@@ -492,4 +514,5 @@ def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, notebook):
         assert stale["icons"] == [], "a reopened course widget still shows the broken-link icon"
         page.locator(".course-live").last.scroll_into_view_if_needed() if stale["notes"] else None
         shot(page.locator(".jp-NotebookPanel"), f"{notebook.stem}-reopened")
+        check_dark_theme(page, notebook.stem)
 

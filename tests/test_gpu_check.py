@@ -201,10 +201,10 @@ def test_summarise_pytest() -> None:
 
 
 def test_summarise_grading_and_command() -> None:
-    out = ("ex  check   result  points\n-----\n05  warm-up  pass    2/2\n07  exact groups  FAIL    0/1\n"
+    out = ("part    check   result  points\n-----\n05.1    warm-up  pass    2/2\n07.1+2  exact groups  FAIL    0/1\n"
            "-----\nscore: 2/3 points (1/2 checks pass)\n")
     status, detail = summarise_grading(out, 1)
-    assert status == FAILED and detail.startswith("score: 2/3 points") and "07 exact groups FAIL 0/1" in detail
+    assert status == FAILED and detail.startswith("score: 2/3 points") and "07.1+2 exact groups FAIL 0/1" in detail
     assert summarise_grading(out.replace("FAIL    0/1", "pass    1/1"), 0)[0] == PASSED
     assert summarise_command("generating\ndata ready\n\n", 0) == (PASSED, "data ready")
     assert summarise_command("", 2) == (FAILED, "(no output)")

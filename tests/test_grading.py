@@ -291,6 +291,29 @@ def test_learner_text_is_escaped_and_names_are_never_cut() -> None:
     assert "expected:" not in table  # no expected value: no "expected: None" line
 
 
+def test_each_row_names_the_parts_it_checks_and_a_repeated_blank_is_said_once() -> None:
+    from course_lib.grading.api import CheckResult, check_for
+    from course_lib.grading.report import format_results
+
+    blank = "not attempted yet: Exercise 14.1: collect every state_dict"
+    rows = [CheckResult("14", "resumes", 1, passed=False, message=blank, parts=("14.1", "14.2")),
+            CheckResult("14", "scaler", 1, passed=False, message=blank, parts=("14.1",)),
+            CheckResult("14", "atomic", 2, passed=True, parts=("14.3",)),
+            CheckResult("90", "no parts known", 1, passed=True)]
+    table = format_results(rows)
+    lines = table.splitlines()
+    assert lines[0].startswith("part ")
+    assert any(line.startswith("14.1+2 resumes") for line in lines)
+    assert any(line.startswith("14.3   atomic") for line in lines)
+    assert any(line.startswith("90     no parts known") for line in lines)
+    assert CheckResult("04", "x", 1, passed=True, parts=("04.1", "04.2", "04.3", "04.5")).part_label == "04.1-3+5"
+    assert table.count("collect every state_dict") == 1 and "Exercise 14.1 (as above)" in table
+    assert CheckResult.from_dict(rows[0].to_dict() | {"parts": ["14.1", "14.2"]}).parts == ("14.1", "14.2")
+    for bad in ("14.1", ("4.1",), ("14.x",), ("15.1",)):
+        with pytest.raises(ValueError, match="parts="):
+            check_for("14", "x", parts=bad)
+
+
 def test_reference_use_is_flagged(tmp_path: Path) -> None:
     from course_lib.grading.reference_use import reference_uses
 

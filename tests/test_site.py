@@ -26,6 +26,7 @@ from test_lessons import execute_once
 
 LESSONS = website.lessons(REPO)
 GUIDES = website.guides(REPO)
+EXERCISES = website.exercises(REPO)
 FOLDERS = website.SiteFolders(root=REPO, mode=mode.mode())
 
 
@@ -75,6 +76,7 @@ def _parse(path: Path) -> _Page:
 
 def _expected_pages(html: Path) -> list[Path]:
     return ([html / "index.html"] + [html / "notebooks" / f"{p.stem}.html" for p in LESSONS]
+            + [html / "exercises" / f"{p.stem}.html" for p in EXERCISES]
             + [html / "docs" / f"{p.stem}.html" for p in GUIDES])
 
 
@@ -95,6 +97,18 @@ def test_lesson_pages_carry_their_outputs(site):
         assert "widget-view+json" not in text and "@jupyter-widgets" not in text, f"{page.name}: live widget left"
     pictures = [img for p in LESSONS for img in _parse(site / "notebooks" / f"{p.stem}.html").images]
     assert pictures, "the lessons' plots are on the site"
+
+
+def test_exercise_pages_are_the_blank_exercises(site):
+    assert EXERCISES, "the course has exercises"
+    index = _parse(site / "index.html")
+    for exercise in EXERCISES:
+        assert f"exercises/{exercise.stem}.html" in index.links
+        text = (site / "exercises" / f"{exercise.stem}.html").read_text(encoding="utf-8")
+        assert "NotImplementedError" in text, f"{exercise.name}: the page should show the blank stubs"
+        assert "Course set-up" not in text and "course_lib check" in text
+    solved = [p.name for p in site.rglob("*.html") if "solutions" in p.parts]
+    assert solved == [], "solutions are never pages of the site"
 
 
 def test_nothing_is_loaded_from_the_network_and_every_internal_link_resolves(site):
@@ -191,9 +205,11 @@ def test_site_in_chromium(site, served, browser):
         walked.append(re.search(r"notebooks/(\d\d)_", page.url)[1])
     assert walked == [p.name[:2] for p in LESSONS]
 
-    # Search, Sphinx's own (runs in the page, no server side).
-    page.goto(urljoin(served, "search.html?q=DataLoader"))
-    page.wait_for_selector("#search-results ul.search li", timeout=30_000)
-    hits = page.evaluate("() => [...document.querySelectorAll('#search-results ul.search li a')].map(a => a.href)")
-    assert any("02_dataloader" in hit for hit in hits), hits
+    # Search, Sphinx's own (runs in the page, no server side), served and opened from the file system alike.
+    for url in (urljoin(served, "search.html?q=DataLoader"), (site / "search.html").as_uri() + "?q=DataLoader"):
+        page.goto(url)
+        page.wait_for_selector("#search-results ul.search li", timeout=30_000)
+        hits = page.evaluate("() => [...document.querySelectorAll('#search-results ul.search li a')].map(a => a.href)")
+        assert any("02_dataloader" in hit for hit in hits), (url, hits)
+    assert not errors and not failed, "\n".join(errors + failed)
     page.close()

@@ -52,7 +52,7 @@ import re
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -356,13 +356,15 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 @dataclass(frozen=True)
 class Check:
-    """One registered check: which exercise, a short name, how many points, and the function."""
+    """One registered check: which exercise, a short name, how many points, the function, and the parts of the
+    exercise it checks (``("14.1", "14.2")``: the parts whose blank stub makes it fail; empty when unknown)."""
 
     exercise: str
     name: str
     points: int
     func: CheckFunc
     source: str  # module or file it came from (instructor-held checks are marked as such)
+    parts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -379,6 +381,22 @@ class CheckResult:
     got: str | None = None
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    parts: tuple[str, ...] = ()
+
+    @property
+    def part_label(self) -> str:
+        """``"14.1+2"`` for parts 14.1 and 14.2, ``"04.1-5"`` for 04.1 to 04.5; the exercise number when the parts
+        are not known."""
+        if not self.parts:
+            return self.exercise
+        minors = sorted({int(part.split(".", 1)[1]) for part in self.parts})
+        runs: list[list[int]] = []
+        for k in minors:
+            if runs and k == runs[-1][-1] + 1:
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+        return f"{self.exercise}." + "+".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else "+".join(map(str, r)) for r in runs)
 
     @property
     def earned(self) -> int:
@@ -390,6 +408,8 @@ class CheckResult:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CheckResult:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if "parts" in known:
+            known["parts"] = tuple(known["parts"])  # JSON has lists
         return cls(**known)
 
 
@@ -401,19 +421,24 @@ def normalise_exercise(number: str | int) -> str:
     return f"{int(text):02d}"
 
 
-def check_for(exercise: str | int, name: str, points: int = 1) -> Callable[[CheckFunc], CheckFunc]:
-    """Register the decorated function as a check of ``exercise`` worth ``points``.
+def check_for(exercise: str | int, name: str, points: int = 1,
+              parts: Sequence[str] = ()) -> Callable[[CheckFunc], CheckFunc]:
+    """Register the decorated function as a check of ``exercise`` worth ``points``, checking ``parts`` (each
+    ``"NN.k"``: the exercise's k-th stub; the feedback names them).
 
     Re-importing a module replaces its checks instead of duplicating them.
     """
     number = normalise_exercise(exercise)
     if not isinstance(points, int) or points < 0:
         raise ValueError(f"points={points!r} for check {name!r}: use a non-negative int")
+    wrong = [p for p in parts if not re.fullmatch(rf"{number}\.[1-9][0-9]?", str(p))]
+    if wrong or isinstance(parts, str):
+        raise ValueError(f"parts={parts!r} for check {name!r}: give a tuple of \"{number}.k\" part numbers")
 
     def register(func: CheckFunc) -> CheckFunc:
         source = getattr(func, "__module__", "?")
         key = f"{source}:{func.__qualname__}"
-        _REGISTRY.setdefault(number, {})[key] = Check(number, name, points, func, source)
+        _REGISTRY.setdefault(number, {})[key] = Check(number, name, points, func, source, tuple(parts))
         return func
 
     return register
@@ -513,7 +538,8 @@ def run_check(check: Check, ns: dict[str, Any] | Replay) -> CheckResult:
     With a :class:`Replay` (the grader) the verdict rests only on the recorded observations. Checks run one at
     a time and leave the process as they found it (:func:`isolated_check`).
     """
-    result = CheckResult(check.exercise, check.name, check.points, passed=False, source=check.source)
+    result = CheckResult(check.exercise, check.name, check.points, passed=False, source=check.source,
+                         parts=check.parts)
     judging = isinstance(ns, Replay)
     try:
         with isolated_check(mode=ns.mode if judging else None, seed=ns.seed if judging else None):

@@ -23,14 +23,21 @@ def format_results(results: Iterable[CheckResult], *, width: int = 100) -> str:
     if not rows:
         return "no checks ran"
     name_w = max(len(r.name) for r in rows)  # names are short by design: never cut, so never cut mid-word
-    lines = [f"{'ex':<3} {'check':<{name_w}}  {'result':<6}  points", "-" * (name_w + 22)]
+    part_w = max(4, *(len(r.part_label) for r in rows))
+    rule = "-" * (part_w + name_w + 19)
+    lines = [f"{'part':<{part_w}} {'check':<{name_w}}  {'result':<6}  points", rule]
+    shown: set[str] = set()
     for r in rows:
         mark = "pass" if r.passed else "FAIL"
-        lines.append(f"{r.exercise:<3} {printable(r.name):<{name_w}}  {mark:<6}  {r.earned}/{r.points}")
+        lines.append(f"{r.part_label:<{part_w}} {printable(r.name):<{name_w}}  {mark:<6}  {r.earned}/{r.points}")
         if r.passed:
             continue
         indent = " " * 6
-        for label, text in (("", r.message), ("hint: ", r.hint)):
+        message = r.message
+        if message in shown and message.startswith("not attempted yet: Exercise "):
+            message = message.split(":", 2)[0] + ":" + message.split(":", 2)[1] + " (as above)"
+        shown.add(r.message)
+        for label, text in (("", message), ("hint: ", r.hint)):
             if text:
                 lines += textwrap.wrap(label + printable(text), width, initial_indent=indent,
                                        subsequent_indent=indent + "  ", break_long_words=False)
@@ -41,5 +48,5 @@ def format_results(results: Iterable[CheckResult], *, width: int = 100) -> str:
     earned = sum(r.earned for r in rows)
     total = sum(r.points for r in rows)
     passed = sum(r.passed for r in rows)
-    lines += ["-" * (name_w + 22), f"score: {earned}/{total} points ({passed}/{len(rows)} checks pass)"]
+    lines += [rule, f"score: {earned}/{total} points ({passed}/{len(rows)} checks pass)"]
     return "\n".join(lines)

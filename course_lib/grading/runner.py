@@ -105,7 +105,7 @@ def renamed_note(path: Path) -> str:
 
 def failed_result(check: Check, message: str, hint: str | None = None) -> CheckResult:
     return CheckResult(check.exercise, check.name, check.points, passed=False, message=message, hint=hint,
-                       source=check.source)
+                       source=check.source, parts=check.parts)
 
 
 def _read_capped(path: Path, limit: int) -> bytes | None:

@@ -22,4 +22,8 @@ html_copy_source = False  # no second copy of every notebook in _sources/
 html_show_sourcelink = False
 html_show_sphinx = False
 html_last_updated_fmt = None
+# Search results without the summary Sphinx would fetch from each result's page: a fetch from a page opened from
+# the file system is refused (CORS), so with summaries search only works through a web server. Without, it works
+# from files too.
+html_show_search_summary = False
 suppress_warnings = ["myst.header"]  # a lesson's section levels are its own business, not the site's

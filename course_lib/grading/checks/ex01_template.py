@@ -58,7 +58,7 @@ def _parsed(ns: dict[str, Any], cases: list[tuple[list[str], _Probe]]) -> list[A
     return [_fields(call(parse, list(argv), _Probe)) for argv, _ in cases]
 
 
-@check_for("01", "overrides parsed with the fields' types")
+@check_for("01", "overrides parsed with the fields' types", parts=("01.1",))
 def override_types(ns: dict[str, Any]) -> None:
     cases = _type_cases(run_seed(ns))
     for (argv, expected), got in zip(cases, observe(ns, _parsed, cases)):
@@ -103,7 +103,7 @@ def _errors(ns: dict[str, Any], cases: list[tuple[list[str], str]]) -> list[list
     return outcomes
 
 
-@check_for("01", "unknown or malformed flags are errors")
+@check_for("01", "unknown or malformed flags are errors", parts=("01.1",))
 def override_errors(ns: dict[str, Any]) -> None:
     cases = _error_cases(run_seed(ns))
     for (argv, why), (kind, text) in zip(cases, observe(ns, _errors, cases)):
@@ -140,7 +140,7 @@ def _argvs(ns: dict[str, Any], configs: list[Any]) -> list[Any]:
     return out
 
 
-@check_for("01", "config round-trips through the course CLI")
+@check_for("01", "config round-trips through the course CLI", parts=("01.2",))
 def argv_round_trip(ns: dict[str, Any]) -> None:
     from course_lib.train.cli import build_parser, config_from_args
 
@@ -247,7 +247,8 @@ def _kill_and_resume(ns: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
             "history": _comparable(history), "marked": sum(bool(r.get(_MARK)) for r in history)}
 
 
-@check_for("01", "killed half-way, resumed: same metrics as an uninterrupted run", points=2)
+@check_for("01", "killed half-way, resumed: same metrics as an uninterrupted run", points=2,
+           parts=("01.2", "01.3", "01.4"))
 def kill_and_resume(ns: dict[str, Any]) -> None:
     from course_lib.train import run as train_run
     from course_lib.train.config import TrainConfig

@@ -35,7 +35,7 @@ def _loader_configs(ns: dict[str, Any], machines: list[tuple[int, str]]) -> list
     return configs
 
 
-@check_for("02", "loader settings legal on any machine")
+@check_for("02", "loader settings legal on any machine", parts=("02.1",))
 def loader_settings(ns: dict[str, Any]) -> None:
     machines = _machines(run_seed(ns))
     for (cores, device_type), cfg in zip(machines, observe(ns, _loader_configs, machines)):
@@ -122,7 +122,7 @@ def _rates(ns: dict[str, Any], sizes: list[int], seconds: float) -> dict[str, An
             "too_few": too_few}
 
 
-@check_for("02", "samples/s counts samples over the measured batches")
+@check_for("02", "samples/s counts samples over the measured batches", parts=("02.2",))
 def samples_rate(ns: dict[str, Any]) -> None:
     sizes, seconds = _rate_inputs(run_seed(ns))
     seen = observe(ns, _rates, sizes, seconds)
@@ -167,7 +167,7 @@ def _profiled(ns: dict[str, Any], warmup: int, active: int) -> dict[str, Any]:
             "mm": {e.key: e.count for e in prof.key_averages()}.get("aten::mm", 0)}
 
 
-@check_for("02", "profiler records only the active steps")
+@check_for("02", "profiler records only the active steps", parts=("02.3",))
 def profiler_schedule(ns: dict[str, Any]) -> None:
     warmup, active = 1 + run_seed(ns) % 3, 2 + run_seed(ns) // 3 % 4  # different in every grading run
     seen = observe(ns, _profiled, warmup, active)
@@ -239,7 +239,7 @@ def _tops(ns: dict[str, Any], events: list[_Event], k: int) -> dict[str, Any]:
     return one_line(got)
 
 
-@check_for("02", "top operations by self time, in ms")
+@check_for("02", "top operations by self time, in ms", parts=("02.4",))
 def top_operations(ns: dict[str, Any]) -> None:
     events, k = _events(run_seed(ns)), 3 + run_seed(ns) % 2
     expected = _reference_top(_FakeProfile(events), k)
@@ -296,7 +296,7 @@ def _verdicts(ns: dict[str, Any], cases: list[tuple[tuple[float, float], str]]) 
     return {"answers": answers, "rejected": rejected}
 
 
-@check_for("02", "verdict from the measured split")
+@check_for("02", "verdict from the measured split", parts=("02.5",))
 def verdict_rule(ns: dict[str, Any]) -> None:
     cases = _cases(run_seed(ns))
     seen = observe(ns, _verdicts, cases)
@@ -338,7 +338,7 @@ def _collated(ns: dict[str, Any], seed: int) -> Any:
     return _as_tensors(call(fn, _sequences(seed, 5)))
 
 
-@check_for("02", "pad_collate pads to the longest, keeps the lengths")
+@check_for("02", "pad_collate pads to the longest, keeps the lengths", parts=("02.6",))
 def collate_padding(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     got = observe(ns, _collated, seed)
@@ -377,7 +377,7 @@ def _epoch_inputs(seed: int) -> tuple[int, int]:
     return batch_size * (4 + seed % 3) + 1 + seed % (batch_size - 1), batch_size
 
 
-@check_for("02", "epoch loader: full batches only (drop_last)")
+@check_for("02", "epoch loader: full batches only (drop_last)", parts=("02.6", "02.7"))
 def epoch_drop_last(ns: dict[str, Any]) -> None:
     n, batch_size = _epoch_inputs(run_seed(ns))
     seen = observe(ns, _epochs, run_seed(ns), n, batch_size)
@@ -396,7 +396,7 @@ def epoch_drop_last(ns: dict[str, Any]) -> None:
                           expected=widths, got=[b["width"] for b in seen["runs"][0]])
 
 
-@check_for("02", "epoch loader: shuffled, reproducible from the seed")
+@check_for("02", "epoch loader: shuffled, reproducible from the seed", parts=("02.6", "02.7"))
 def epoch_shuffle(ns: dict[str, Any]) -> None:
     n, batch_size = _epoch_inputs(run_seed(ns))
     seen = observe(ns, _epochs, run_seed(ns), n, batch_size)
@@ -436,7 +436,7 @@ def _memory_profiled(ns: dict[str, Any], rows: int, inner: int) -> dict[str, Any
             "allocated": max([int(e.self_cpu_memory_usage) for e in events] or [0])}
 
 
-@check_for("02", "profile with memory and input shapes")
+@check_for("02", "profile with memory and input shapes", parts=("02.8",))
 def profile_memory_shapes(ns: dict[str, Any]) -> None:
     rows, inner = 100 + run_seed(ns) % 200, 3 + run_seed(ns) % 7  # different in every grading run
     seen = observe(ns, _memory_profiled, rows, inner)
@@ -512,7 +512,7 @@ def _top_memory(ns: dict[str, Any], seed: int, k: int) -> Any:
     return one_line(got)
 
 
-@check_for("02", "top allocations by self memory, per input shape, in MiB")
+@check_for("02", "top allocations by self memory, per input shape, in MiB", parts=("02.9",))
 def top_memory_ops(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     k = 2 + seed % 3
@@ -651,7 +651,7 @@ def _tuning_seen(ns: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], li
     return seen, config, log, calls
 
 
-@check_for("02", "tuning order: baseline, workers, batch size, pinned, prefetch")
+@check_for("02", "tuning order: baseline, workers, batch size, pinned, prefetch", parts=("02.10",))
 def tuning_order(ns: dict[str, Any]) -> None:
     seen, _, log, calls = _tuning_seen(ns)
     want = [(r["setting"], r["value"]) for r in log]
@@ -669,7 +669,7 @@ def tuning_order(ns: dict[str, Any]) -> None:
                           expected=f"{len(calls)} calls", got=f"{len(seen['calls'])} calls")
 
 
-@check_for("02", "tuning keeps a change only when the verdict says faster")
+@check_for("02", "tuning keeps a change only when the verdict says faster", parts=("02.10",))
 def tuning_verdicts(ns: dict[str, Any]) -> None:
     seen, config, log, calls = _tuning_seen(ns)
     budget_reasons = ("over memory", "worse validation")
@@ -691,7 +691,7 @@ def tuning_verdicts(ns: dict[str, Any]) -> None:
                           expected=config, got=seen["config"])
 
 
-@check_for("02", "tuning respects the memory budget and validation")
+@check_for("02", "tuning respects the memory budget and validation", parts=("02.10",))
 def tuning_limits(ns: dict[str, Any]) -> None:
     seen, _, log, _ = _tuning_seen(ns)
     for want, got in zip(log, seen["log"]):
@@ -710,7 +710,7 @@ def tuning_limits(ns: dict[str, Any]) -> None:
             )
 
 
-@check_for("02", "tuning log records samples/s, memory and val_loss")
+@check_for("02", "tuning log records samples/s, memory and val_loss", parts=("02.10",))
 def tuning_log(ns: dict[str, Any]) -> None:
     seen, _, log, _ = _tuning_seen(ns)
     for want, got in zip(log, seen["log"]):

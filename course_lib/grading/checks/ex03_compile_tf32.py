@@ -45,7 +45,7 @@ def _steady(ns: dict[str, Any], times: list[float], warmup: int) -> dict[str, An
             "bad": [_outcome(fn, list(times), bad) for bad in (-1, len(times), len(times) + 3)]}
 
 
-@check_for("03", "steady state drops the warm-up")
+@check_for("03", "steady state drops the warm-up", parts=("03.1",))
 def steady_state_check(ns: dict[str, Any]) -> None:
     times, warmup = _steady_times(run_seed(ns))
     seen = observe(ns, _steady, times, warmup)
@@ -82,7 +82,7 @@ def _speedup(ns: dict[str, Any], eager: list[float], compiled: list[float], warm
     return got if isinstance(got, (int, float)) else one_line(got)
 
 
-@check_for("03", "speedup is a ratio of steady states")
+@check_for("03", "speedup is a ratio of steady states", parts=("03.1", "03.2"))
 def speedup_check(ns: dict[str, Any]) -> None:
     eager, compiled, warmup = _speedup_times(run_seed(ns))
     got = observe(ns, _speedup, eager, compiled, warmup)
@@ -126,7 +126,7 @@ def _graph_break(ns: dict[str, Any]) -> dict[str, Any]:
     return {"graphs": report.graphs, "breaks": report.breaks, "reasons": report.reasons, "outputs": outputs}
 
 
-@check_for("03", "graph break removed: one graph")
+@check_for("03", "graph break removed: one graph", parts=("03.3",))
 def one_graph(ns: dict[str, Any]) -> None:
     seen = observe(ns, _graph_break)
     if seen["graphs"] != 1 or seen["breaks"] != 0:
@@ -144,7 +144,7 @@ def one_graph(ns: dict[str, Any]) -> None:
                           got=tuple(out.shape) if isinstance(out, torch.Tensor) else out)
 
 
-@check_for("03", "graph break removed: same values as before")
+@check_for("03", "graph break removed: same values as before", parts=("03.3",))
 def same_values(ns: dict[str, Any]) -> None:
     seen = observe(ns, _graph_break)
     for (x, bias, limit), got in zip(_break_inputs(run_seed(ns)), seen["outputs"]):
@@ -188,7 +188,7 @@ def _break_even(ns: dict[str, Any]) -> list[Any]:
     return out
 
 
-@check_for("03", "break-even call count from measured times")
+@check_for("03", "break-even call count from measured times", parts=("03.4",))
 def break_even(ns: dict[str, Any]) -> None:
     from course_lib.perf.fusion import break_even_calls
 
@@ -237,7 +237,7 @@ def _tf32(ns: dict[str, Any], start: str, calls: list[bool]) -> list[list[str]]:
         torch.set_float32_matmul_precision(before)
 
 
-@check_for("03", "TF32 toggled through matmul precision")
+@check_for("03", "TF32 toggled through matmul precision", parts=("03.5",))
 def tf32_toggle(ns: dict[str, Any]) -> None:
     start, calls = _tf32_calls(run_seed(ns))
     seen = observe(ns, _tf32, start, calls)
@@ -283,7 +283,7 @@ def _slow(ns: dict[str, Any], times: list[float], factor: float) -> list[Any]:
     return [as_list(call(fn, list(times))), as_list(call(fn, list(times), factor=factor))]
 
 
-@check_for("03", "slow steps found relative to the median")
+@check_for("03", "slow steps found relative to the median", parts=("03.6",))
 def slow_steps_check(ns: dict[str, Any]) -> None:
     times, factor = _step_times(run_seed(ns))
     got, got_factor = observe(ns, _slow, times, factor)
@@ -341,7 +341,7 @@ def _compile_counts(ns: dict[str, Any], batches: list[list[tuple[int, ...]]]) ->
     return counts
 
 
-@check_for("03", "recompilations counted when the batch changes")
+@check_for("03", "recompilations counted when the batch changes", parts=("03.7",))
 def recompile_count(ns: dict[str, Any]) -> None:
     batches = _batches(run_seed(ns))
     counts = observe(ns, _compile_counts, batches)

@@ -69,9 +69,26 @@ def _observed(ns: dict[str, Any]) -> tuple[list[dict[str, str]], dict[str, dict[
     return good, others
 
 
-@check_for("04", "all tests pass on the correct implementation", points=2)
+# The part of the exercise each test is (04.1 is test_shapes, ...), and the test meant to catch each broken one.
+PART = {name: f"04.{i}" for i, name in enumerate(targets.TEST_NAMES, 1)}
+CATCHER: dict[type[targets.Reference], str] = {
+    targets.WrongShape: "test_shapes",
+    targets.DetachedLoss: "test_overfit_one_batch",
+    targets.IgnoresSeed: "test_determinism",
+    targets.UnusedLayer: "test_gradient_flow",
+    targets.PlainList: "test_checkpoint_roundtrip",
+    targets.DropsOptimizer: "test_checkpoint_roundtrip",
+    targets.DropsBuffers: "test_checkpoint_roundtrip",
+}
+
+
+@check_for("04", "all tests pass on the correct implementation", points=2, parts=tuple(PART.values()))
 def passes_on_correct(ns: dict[str, Any]) -> None:
     good, _ = _observed(ns)
+    blank = [error for error in good[0].values() if error.startswith(targets.NOT_ATTEMPTED)]
+    if blank:
+        more = f" (and {len(blank) - 1} more test(s) not attempted)" if len(blank) > 1 else ""
+        raise CheckFailed(blank[0] + more)
     failing = {name: error for o in good for name, error in o.items() if error}
     if failing or any(sorted(o) != sorted(targets.TEST_NAMES) for o in good):
         name, error = next(iter(failing.items())) if failing else ("?", "missing tests")
@@ -86,11 +103,14 @@ def _make_caught_check(broken: type[targets.Reference]) -> None:
         goods, others = _observed(ns)
         bad = others[broken.__name__]
         if not any(bad.get(name) and not any(good.get(name) for good in goods) for name in targets.TEST_NAMES):
+            meant = goods[0].get(CATCHER[broken], "")
+            if meant.startswith(targets.NOT_ATTEMPTED):  # the test meant to catch it is still blank: say that
+                raise CheckFailed(meant)
             raise CheckFailed(f"no test catches an implementation with this bug: {broken.name}",
                               hint=_HINTS[broken], expected="at least one test fails", got="all tests pass")
 
     caught.__name__ = caught.__qualname__ = f"catches_{broken.__name__}"
-    check_for("04", f"catches: {broken.name}")(caught)
+    check_for("04", f"catches: {broken.name}", parts=(PART[CATCHER[broken]],))(caught)
     globals()[caught.__name__] = caught
 
 

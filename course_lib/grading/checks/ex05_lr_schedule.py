@@ -62,7 +62,7 @@ def _peak(ns: dict[str, Any], base: float) -> float:
     return round(base * (1 + (run_seed(ns) % 97) / 100), 12)
 
 
-@check_for("05", "warm-up then cosine to 10%", points=2)
+@check_for("05", "warm-up then cosine to 10%", points=2, parts=("05.1",))
 def values(ns: dict[str, Any]) -> None:
     for cfg in (_cfg(_peak(ns, 3e-3), 7, 61), _cfg(_peak(ns, 0.5), 20, 45)):
         got = observe(ns, _values, cfg.lr, cfg.warmup, cfg.steps)["values"]
@@ -77,7 +77,7 @@ def values(ns: dict[str, Any]) -> None:
             )
 
 
-@check_for("05", "warmup=0 starts at the peak", points=1)
+@check_for("05", "warmup=0 starts at the peak", points=1, parts=("05.1",))
 def no_warmup(ns: dict[str, Any]) -> None:
     cfg = _cfg(_peak(ns, 0.02), 0, 30)
     steps = [0, 1, 15, 29, 30]
@@ -93,7 +93,7 @@ def no_warmup(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("05", "warmup == steps (all warm-up) is allowed", points=1)
+@check_for("05", "warmup == steps (all warm-up) is allowed", points=1, parts=("05.1",))
 def all_warmup(ns: dict[str, Any]) -> None:
     cfg = _cfg(_peak(ns, 0.3), 12, 12)  # TrainConfig allows it: the whole run is warm-up, then the floor
     try:
@@ -110,7 +110,7 @@ def all_warmup(ns: dict[str, Any]) -> None:
                           expected=expected, got=value)
 
 
-@check_for("05", "past the end stays at 10%", points=1)
+@check_for("05", "past the end stays at 10%", points=1, parts=("05.1",))
 def past_end(ns: dict[str, Any]) -> None:
     cfg = _cfg(_peak(ns, 1e-3), 4, 40)
     steps = [40, 41, 55, 80, 400]
@@ -125,7 +125,7 @@ def past_end(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("05", "pure function of the step (exact resume)", points=1)
+@check_for("05", "pure function of the step (exact resume)", points=1, parts=("05.1",))
 def pure(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     lr, warmup, total = _peak(ns, 2e-3), 3 + seed % 5, 40 + seed % 23

@@ -89,7 +89,7 @@ def _expected(which: int, wd: float) -> dict[str, list[float]]:
     return _assignment(reference_param_groups(model, wd), _names(model))
 
 
-@check_for("06", "decay only for >= 2-D parameters", points=2)
+@check_for("06", "decay only for >= 2-D parameters", points=2, parts=("06.1",))
 def decay_split(ns: dict[str, Any]) -> None:
     wd = _wd(ns)
     for which in range(len(_models())):
@@ -112,7 +112,7 @@ def decay_split(ns: dict[str, Any]) -> None:
             )
 
 
-@check_for("06", "frozen parameters left out", points=1)
+@check_for("06", "frozen parameters left out", points=1, parts=("06.1",))
 def frozen_excluded(ns: dict[str, Any]) -> None:
     wd = _wd(ns)
     got = observe(ns, _learner, 0, wd)["assignment"]
@@ -132,7 +132,7 @@ def frozen_excluded(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("06", "each parameter exactly once, AdamW accepts it", points=1)
+@check_for("06", "each parameter exactly once, AdamW accepts it", points=1, parts=("06.1",))
 def once_each(ns: dict[str, Any]) -> None:
     wd = _wd(ns)
     seen = observe(ns, _learner, 0, wd)

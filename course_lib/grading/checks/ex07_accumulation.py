@@ -120,7 +120,7 @@ def _trained(ns: dict[str, Any], seed: int, weighted: bool) -> dict[str, Any]:
 _WEIGHTS = torch.tensor([0.2, 1.0, 3.5])
 
 
-@check_for("07", "groups of 15/15/11: one step each", points=1)
+@check_for("07", "groups of 15/15/11: one step each", points=1, parts=("07.1",))
 def group_sizes(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _trained, seed, False)
@@ -148,7 +148,7 @@ def group_sizes(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("07", "each step equals one big batch", points=2)
+@check_for("07", "each step equals one big batch", points=2, parts=("07.1",))
 def equals_big_batch(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _trained, seed, False)
@@ -181,7 +181,7 @@ def _check_loss(result: Any, expected: float, what: str) -> None:
             expected=expected, got=got)
 
 
-@check_for("07", "class-weighted: divide by the summed weights", points=2)
+@check_for("07", "class-weighted: divide by the summed weights", points=2, parts=("07.2",))
 def weighted(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _trained, seed, True)

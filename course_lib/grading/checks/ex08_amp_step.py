@@ -119,7 +119,7 @@ def _scalers(ns: dict[str, Any], dtypes: list[torch.dtype | None]) -> list[dict[
     return out
 
 
-@check_for("08", "scaler enabled only for fp16", points=1)
+@check_for("08", "scaler enabled only for fp16", points=1, parts=("08.1",))
 def scaler_choice(ns: dict[str, Any]) -> None:
     dtypes = _scaler_dtypes(run_seed(ns))
     for dtype, seen in zip(dtypes, observe(ns, _scalers, dtypes)):
@@ -143,7 +143,7 @@ def scaler_choice(ns: dict[str, Any]) -> None:
             )
 
 
-@check_for("08", "grad norm measured after unscale_", points=2)
+@check_for("08", "grad norm measured after unscale_", points=2, parts=("08.2",))
 def norm_after_unscale(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _run, seed, None, {"init_scale": SCALE, "growth_interval": 1})
@@ -166,7 +166,7 @@ def norm_after_unscale(ns: dict[str, Any]) -> None:
                           hint="return loss.item(), not the scaled loss", expected=loss, got=_result(seen)["loss"])
 
 
-@check_for("08", "clip, step, update in order", points=2)
+@check_for("08", "clip, step, update in order", points=2, parts=("08.2",))
 def params_updated(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _run, seed, None, {"init_scale": SCALE, "growth_interval": 1})
@@ -190,7 +190,7 @@ def params_updated(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("08", "an overflowing step is skipped", points=1)
+@check_for("08", "an overflowing step is skipped", points=1, parts=("08.2",))
 def overflow_skipped(ns: dict[str, Any]) -> None:
     # Huge inputs and a huge scale: the scaled gradients overflow to inf, as fp16 ones do now and then.
     seed = run_seed(ns)
@@ -206,7 +206,7 @@ def overflow_skipped(ns: dict[str, Any]) -> None:
                           expected=2.0**99, got=seen["scale"])
 
 
-@check_for("08", "works with the scaler disabled (bf16 on the CPU)", points=1)
+@check_for("08", "works with the scaler disabled (bf16 on the CPU)", points=1, parts=("08.2",))
 def bf16_without_scaler(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _run, seed, "bfloat16", {"enabled": False})
@@ -229,7 +229,7 @@ def bf16_without_scaler(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("08", "the model stays fp32 (no .half())", points=1)
+@check_for("08", "the model stays fp32 (no .half())", points=1, parts=("08.2",))
 def stays_fp32(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _run, seed, "float16", {"init_scale": SCALE})
@@ -303,7 +303,7 @@ def _accumulated(ns: dict[str, Any], seed: int, overflow: bool) -> dict[str, Any
             "scale": float(scaler.get_scale())}
 
 
-@check_for("08", "AMP accumulation: one step, same as one big batch", points=2)
+@check_for("08", "AMP accumulation: one step, same as one big batch", points=2, parts=("08.3",))
 def accumulation_equals_big_batch(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _accumulated, seed, False)
@@ -331,7 +331,7 @@ def accumulation_equals_big_batch(ns: dict[str, Any]) -> None:
                           expected={"loss": loss, "grad_norm": norm}, got=result)
 
 
-@check_for("08", "AMP accumulation: the scaler updates once per group", points=1)
+@check_for("08", "AMP accumulation: the scaler updates once per group", points=1, parts=("08.3",))
 def accumulation_updates_once(ns: dict[str, Any]) -> None:
     start = _group_scale(run_seed(ns))
     seen = observe(ns, _accumulated, run_seed(ns), False)
@@ -345,7 +345,7 @@ def accumulation_updates_once(ns: dict[str, Any]) -> None:
             got=f"{seen['scale']:g} ({updates:g} updates)" if math.isfinite(updates) else seen["scale"])
 
 
-@check_for("08", "AMP accumulation: an overflow skips the whole group", points=1)
+@check_for("08", "AMP accumulation: an overflow skips the whole group", points=1, parts=("08.3",))
 def accumulation_overflow(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _accumulated, seed, True)

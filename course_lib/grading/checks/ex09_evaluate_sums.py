@@ -86,7 +86,7 @@ def _close(a: dict[str, float], b: dict[str, float]) -> bool:
     return abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["acc"] - b["acc"]) < 1e-6
 
 
-@check_for("09", "uneven last batch: sums, not batch means", points=2)
+@check_for("09", "uneven last batch: sums, not batch means", points=2, parts=("09.1",))
 def uneven_last_batch(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     got = _result(observe(ns, _evaluate, seed, 23, 0, 10))
@@ -110,7 +110,7 @@ def uneven_last_batch(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("09", "batch-size invariant, ignores -100", points=1)
+@check_for("09", "batch-size invariant, ignores -100", points=1, parts=("09.1",))
 def invariant_and_ignored(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     x, y = _data(seed, 17, ignored=5)
@@ -128,7 +128,7 @@ def invariant_and_ignored(ns: dict[str, Any]) -> None:
             )
 
 
-@check_for("09", "eval mode + inference_mode, mode restored", points=1)
+@check_for("09", "eval mode + inference_mode, mode restored", points=1, parts=("09.1",))
 def modes(ns: dict[str, Any]) -> None:
     n = 4 * (2 + run_seed(ns) % 4) - 1  # 2 to 5 batches of up to 4, a different count in every grading run
     for start_training in (True, False):

@@ -44,7 +44,7 @@ def _counted(ns: dict[str, Any], name: str, seed: int) -> Any:
     return int(got) if isinstance(got, int) else one_line(got)
 
 
-@check_for("10", "trainable parameter count", points=1)
+@check_for("10", "trainable parameter count", points=1, parts=("10.1",))
 def trainable(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     model = _memory_model(seed)
@@ -59,7 +59,7 @@ def trainable(ns: dict[str, Any]) -> None:
         raise CheckFailed("count_trainable counted the wrong parameters", hint=hint, expected=expected, got=got)
 
 
-@check_for("10", "stored bytes of parameters + buffers", points=1)
+@check_for("10", "stored bytes of parameters + buffers", points=1, parts=("10.2",))
 def stored(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     model = _memory_model(seed)
@@ -157,7 +157,7 @@ def _report(seen: dict[str, Any]) -> dict[str, Any]:
     return seen["report"]
 
 
-@check_for("10", "warm-up excluded, median of repetitions", points=2)
+@check_for("10", "warm-up excluded, median of repetitions", points=2, parts=("10.3",))
 def latency_median(ns: dict[str, Any]) -> None:
     # ms per timed call, different in every grading run: four distinct short ones and a 40 ms outlier (so the
     # median differs from the mean and from the median of every call, warm-up included)
@@ -191,7 +191,7 @@ def latency_median(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("10", "eval mode, inference_mode, synchronised", points=1)
+@check_for("10", "eval mode, inference_mode, synchronised", points=1, parts=("10.3",))
 def latency_conditions(ns: dict[str, Any]) -> None:
     warmup, reps = 1 + run_seed(ns) % 4, 2 + run_seed(ns) // 4 % 3  # different in every grading run
     seen = observe(ns, _run_latency, warmup, [float(c) for c in range(1, reps + 1)])
@@ -227,7 +227,7 @@ def latency_conditions(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("10", "the report says what was measured", points=1)
+@check_for("10", "the report says what was measured", points=1, parts=("10.3",))
 def latency_report(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     warmup, reps, batch = 1 + seed % 3, 2 + seed % 2, 2 + seed % 5  # different in every grading run

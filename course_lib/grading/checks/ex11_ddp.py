@@ -69,7 +69,7 @@ def _epochs(cfg: dict[str, Any], reads: list[int]) -> list[list[int]]:
     return [reads[e * per:(e + 1) * per] for e in range(cfg["epochs"])]
 
 
-@check_for("11", "ranks read disjoint shards (DistributedSampler)", points=2)
+@check_for("11", "ranks read disjoint shards (DistributedSampler)", points=2, parts=("11.1", "11.2", "11.3"))
 def disjoint_shards(ns: dict[str, Any]) -> None:
     cfg, run = _ranks(ns)
     first = [_epochs(cfg, r["reads"])[0] for r in run["ranks"]]
@@ -91,7 +91,7 @@ def disjoint_shards(ns: dict[str, Any]) -> None:
             )
 
 
-@check_for("11", "set_epoch gives every epoch a new order", points=1)
+@check_for("11", "set_epoch gives every epoch a new order", points=1, parts=("11.1", "11.2", "11.3"))
 def set_epoch_used(ns: dict[str, Any]) -> None:
     cfg, run = _ranks(ns)
     for record in run["ranks"]:
@@ -122,7 +122,7 @@ def _trained_from_this_run(cfg: dict[str, Any], params: torch.Tensor, what: str)
                           f"{(params - start).norm().item():.3g} away from them")
 
 
-@check_for("11", "replicas identical after training", points=1)
+@check_for("11", "replicas identical after training", points=1, parts=("11.1", "11.2", "11.3"))
 def replicas_identical(ns: dict[str, Any]) -> None:
     cfg, run = _ranks(ns)
     a, b = (r["params"] for r in run["ranks"])
@@ -146,7 +146,7 @@ def _global_batches(cfg: dict[str, Any], run: dict[str, Any]) -> list[list[int]]
                           got=[len(r["reads"]) for r in run["ranks"]]) from None
 
 
-@check_for("11", "matches one process with the same global batch", points=2)
+@check_for("11", "matches one process with the same global batch", points=2, parts=("11.1", "11.2", "11.3"))
 def matches_one_process(ns: dict[str, Any]) -> None:
     cfg, run = _ranks(ns)
     global_batch = cfg["batch"] * WORLD * cfg["accum"]
@@ -167,7 +167,7 @@ def matches_one_process(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("11", "no_sync: one all-reduce per optimizer step", points=1)
+@check_for("11", "no_sync: one all-reduce per optimizer step", points=1, parts=("11.1", "11.2", "11.3"))
 def one_allreduce_per_step(ns: dict[str, Any]) -> None:
     cfg, run = _ranks(ns)
     micro = len(run["ranks"][0]["reads"]) // cfg["batch"]
@@ -188,7 +188,7 @@ def one_allreduce_per_step(ns: dict[str, Any]) -> None:
             )
 
 
-@check_for("11", "only rank 0 saves, atomically", points=1)
+@check_for("11", "only rank 0 saves, atomically", points=1, parts=("11.1", "11.2", "11.3"))
 def rank0_saves(ns: dict[str, Any]) -> None:
     cfg, run = _ranks(ns)
     others = {r["rank"]: r["saves"] for r in run["ranks"] if r["rank"] != 0 and r["saves"]}
@@ -234,7 +234,7 @@ def _batches_and_lrs(ns: dict[str, Any], setups: list[tuple[int, int, int]], bas
              _plain(call(lr, base_lr, base_batch, per_device, world, accum))] for per_device, world, accum in setups]
 
 
-@check_for("11", "effective batch and linear LR scaling", points=1)
+@check_for("11", "effective batch and linear LR scaling", points=1, parts=("11.1", "11.2"))
 def batch_and_lr(ns: dict[str, Any]) -> None:
     setups, (base_lr, base_batch) = _setups(run_seed(ns)), _base(run_seed(ns))
     for (per_device, world, accum), (got, got_lr) in zip(setups, observe(ns, _batches_and_lrs, setups, base_lr,

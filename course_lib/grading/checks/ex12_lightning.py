@@ -68,7 +68,7 @@ def _configured(ns: dict[str, Any], lr: float) -> dict[str, Any]:
     return out
 
 
-@check_for("12", "plateau scheduler dict", points=2)
+@check_for("12", "plateau scheduler dict", points=2, parts=("12.1",))
 def plateau_dict(ns: dict[str, Any]) -> None:
     lr = _lr(ns)
     config = observe(ns, _configured, lr)
@@ -133,7 +133,7 @@ def _callbacks(ns: dict[str, Any], patience: int, min_delta: float) -> Any:
     return out
 
 
-@check_for("12", "EarlyStopping and ModelCheckpoint settings", points=2)
+@check_for("12", "EarlyStopping and ModelCheckpoint settings", points=2, parts=("12.2",))
 def callbacks(ns: dict[str, Any]) -> None:
     patience, min_delta = _stopping(ns)
     cbs = observe(ns, _callbacks, patience, min_delta)
@@ -243,7 +243,7 @@ def _fit_and_load(module: Any, cls: type, make: Any, load_best: Any, train: Data
                 else None}
 
 
-@check_for("12", "tiny fit; load_best restores the best checkpoint", points=2)
+@check_for("12", "tiny fit; load_best restores the best checkpoint", points=2, parts=("12.1", "12.2", "12.3"))
 def fit_and_load_best(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _fit, seed)
@@ -329,7 +329,7 @@ def _early_stop(ns: dict[str, Any], patience: int, min_delta: float, target: flo
             "stopping_threshold": None if threshold is None else float(threshold), "stops": stops}
 
 
-@check_for("12", "EarlyStopping: stopping_threshold and min_delta")
+@check_for("12", "EarlyStopping: stopping_threshold and min_delta", parts=("12.4",))
 def early_stop_threshold(ns: dict[str, Any]) -> None:
     patience, min_delta, target, falling, creeping = _stop_inputs(run_seed(ns))
     seen = observe(ns, _early_stop, patience, min_delta, target, [falling, creeping])
@@ -420,7 +420,8 @@ def _final_val(seed: int, weights: dict[str, torch.Tensor]) -> tuple[float, floa
     return float(torch.nn.functional.cross_entropy(logits, y)), float((logits.argmax(1) == y).float().mean())
 
 
-@check_for("12", "history of val_loss from callback_metrics, sanity check excluded")
+@check_for("12", "history of val_loss from callback_metrics, sanity check excluded",
+           parts=("12.1", "12.5", "12.6", "12.7", "12.8"))
 def val_history(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _report_fit, seed)
@@ -442,7 +443,8 @@ def val_history(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("12", "val_acc logged as a TorchMetrics object over the whole validation set")
+@check_for("12", "val_acc logged as a TorchMetrics object over the whole validation set",
+           parts=("12.1", "12.5", "12.6", "12.7", "12.8"))
 def val_accuracy(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _report_fit, seed)
@@ -501,7 +503,7 @@ def _dev_run(ns: dict[str, Any], n_batches: int, seed: int) -> dict[str, Any]:
     return {"seen": module.seen, "fast_dev_run": one_line(getattr(trainer, "fast_dev_run", None)), "written": written}
 
 
-@check_for("12", "fast_dev_run: n batches of each, no sanity check, nothing written")
+@check_for("12", "fast_dev_run: n batches of each, no sanity check, nothing written", parts=("12.9",))
 def dev_run(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     n_batches = 2 + seed % 3

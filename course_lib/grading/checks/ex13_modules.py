@@ -82,7 +82,7 @@ def _reference_forward(linears: list[list[torch.Tensor]], x: torch.Tensor) -> to
     return x
 
 
-@check_for("13", "every layer is registered", points=1)
+@check_for("13", "every layer is registered", points=1, parts=("13.1", "13.2"))
 def layers_registered(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     sizes = _sizes(seed)
@@ -106,7 +106,7 @@ def layers_registered(ns: dict[str, Any]) -> None:
         )
 
 
-@check_for("13", "forward: ReLU between layers, none after the last", points=1)
+@check_for("13", "forward: ReLU between layers, none after the last", points=1, parts=("13.1", "13.2"))
 def forward_values(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     sizes = _sizes(seed)
@@ -133,7 +133,7 @@ def _train_outputs(ns: dict[str, Any], seed: int) -> Any:
         return _flat(model(_x(seed, _batch(seed), _sizes(seed)[0])))
 
 
-@check_for("13", "no dropout after the last layer", points=1)
+@check_for("13", "no dropout after the last layer", points=1, parts=("13.1", "13.2"))
 def no_final_dropout(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     out = observe(ns, _train_outputs, seed)
@@ -157,7 +157,7 @@ def _state_and_to(ns: dict[str, Any], seed: int) -> dict[str, Any]:
             "out_dtype": str(out.dtype) if isinstance(out, torch.Tensor) else one_line(out)}
 
 
-@check_for("13", "state_dict and .to() see the layers", points=1)
+@check_for("13", "state_dict and .to() see the layers", points=1, parts=("13.1", "13.2"))
 def state_and_to(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _state_and_to, seed)
@@ -197,7 +197,7 @@ def _counts(ns: dict[str, Any], seed: int) -> list[Any]:
     return [one_line(call(count, model)) for model in _count_models(seed)]
 
 
-@check_for("13", "count_registered", points=1)
+@check_for("13", "count_registered", points=1, parts=("13.3",))
 def counts(ns: dict[str, Any]) -> None:
     for model, got in zip(_count_models(run_seed(ns)), observe(ns, _counts, run_seed(ns))):
         expected = sum(p.numel() for p in model.parameters())
@@ -217,7 +217,7 @@ def _heads(ns: dict[str, Any], seed: int) -> dict[str, Any]:
     return {"out": _flat(out) if isinstance(out, dict) else type(out).__name__, "keys": sorted(model.state_dict())}
 
 
-@check_for("13", "ModuleDict of heads", points=1)
+@check_for("13", "ModuleDict of heads", points=1, parts=("13.4", "13.5"))
 def multi_head(ns: dict[str, Any]) -> None:
     heads = _head_sizes(run_seed(ns))
     seen = observe(ns, _heads, run_seed(ns))
@@ -261,7 +261,7 @@ def _modes(ns: dict[str, Any], seed: int) -> list[dict[str, Any]]:
     return seen
 
 
-@check_for("13", "train()/eval() toggle dropout", points=1)
+@check_for("13", "train()/eval() toggle dropout", points=1, parts=("13.1", "13.2", "13.4", "13.5"))
 def dropout_modes(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     for seen, width in zip(observe(ns, _modes, seed), (_sizes(seed)[-1], sum(_head_sizes(seed).values()))):
@@ -296,7 +296,7 @@ def _purity(ns: dict[str, Any], seed: int) -> list[dict[str, Any]]:
     return seen
 
 
-@check_for("13", "forward is pure", points=1)
+@check_for("13", "forward is pure", points=1, parts=("13.1", "13.2", "13.4", "13.5"))
 def forward_pure(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     for seen, width in zip(observe(ns, _purity, seed), (_sizes(seed)[-1], sum(_head_sizes(seed).values()))):

@@ -126,22 +126,23 @@ def _judge_resumed(ns: Any, kind: str, what: str) -> None:
                           hint="restore model.state_dict() with model.load_state_dict(...)")
 
 
-@check_for("14", "resumed run equals the uninterrupted one: weights, optimizer, step", points=2)
+@check_for("14", "resumed run equals the uninterrupted one: weights, optimizer, step", points=2,
+           parts=("14.1", "14.2", "14.3", "14.4"))
 def optimizer_restored(ns: Any) -> None:
     _judge_resumed(ns, "optimizer", "optimizer state")
 
 
-@check_for("14", "every RNG restored (dropout, random, numpy)", points=2)
+@check_for("14", "every RNG restored (dropout, random, numpy)", points=2, parts=("14.1", "14.2", "14.3", "14.4"))
 def rng_restored(ns: Any) -> None:
     _judge_resumed(ns, "rng", "random number generators")
 
 
-@check_for("14", "data position restored (interrupted mid-epoch)", points=1)
+@check_for("14", "data position restored (interrupted mid-epoch)", points=1, parts=("14.1", "14.2", "14.3", "14.4"))
 def data_position_restored(ns: Any) -> None:
     _judge_resumed(ns, "data", "data position")
 
 
-@check_for("14", "a run interrupted anywhere resumes bit for bit", points=1)
+@check_for("14", "a run interrupted anywhere resumes bit for bit", points=1, parts=("14.1", "14.2", "14.3", "14.4"))
 def full_run_resumed(ns: Any) -> None:
     _judge_resumed(ns, "full", "everything")
 
@@ -173,7 +174,7 @@ def _scaler_after_load(ns: dict[str, Any], load_with_reference: bool = False) ->
     return {"scale": float(state["scale"]), "growth tracker": int(state["_growth_tracker"])}
 
 
-@check_for("14", "GradScaler state restored", points=1)
+@check_for("14", "GradScaler state restored", points=1, parts=("14.1", "14.2", "14.3", "14.4"))
 def scaler_restored(ns: Any) -> None:
     seen = observe(ns, _scaler_after_load)
     expected = _scaler_after_load(ns, load_with_reference=True)
@@ -263,7 +264,8 @@ def _size_limited_save(save: Callable[..., Any], path: Path, parts: harness.Part
         signal.signal(signal.SIGXFSZ, previous)
 
 
-@check_for("14", "a save that fails mid-write keeps the previous checkpoint", points=2)
+@check_for("14", "a save that fails mid-write keeps the previous checkpoint", points=2,
+           parts=("14.1", "14.2", "14.3", "14.4"))
 def atomic_write(ns: Any) -> None:
     seen = observe(ns, _failing_saves)
     cfg, good_steps = _atomic_config(ns)
@@ -327,7 +329,7 @@ def _bad_files(ns: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-@check_for("14", "a missing or truncated checkpoint is a clear error", points=1)
+@check_for("14", "a missing or truncated checkpoint is a clear error", points=1, parts=("14.1", "14.2", "14.3"))
 def clear_errors(ns: Any) -> None:
     names = _bad_names(ns)
     seen = observe(ns, _bad_files, names)

@@ -96,7 +96,7 @@ def _learner_counts(ns: dict[str, Any], seed: int) -> dict[str, Any]:
     return {name: call(counter, fn, exclude) for name, (fn, exclude) in _counter_cases(seed).items()}
 
 
-@check_for("15", "count_saved_bytes: distinct saved storages, in bytes", points=1)
+@check_for("15", "count_saved_bytes: distinct saved storages, in bytes", points=1, parts=("15.1",))
 def counter_counts(ns: Any) -> None:
     seed = run_seed(ns) % 1000
     got = observe(ns, _learner_counts, seed)
@@ -118,7 +118,7 @@ def counter_counts(ns: Any) -> None:
 
 
 # ---------------------------------------------------------------- 15.2: checkpointing
-@check_for("15", "checkpointed forward: same outputs as the plain model", points=1)
+@check_for("15", "checkpointed forward: same outputs as the plain model", points=1, parts=("15.2",))
 def same_outputs(ns: Any) -> None:
     case = _case(ns)
     got = observe(ns, _learner_run, case)["out"]
@@ -133,7 +133,7 @@ def same_outputs(ns: Any) -> None:
             if isinstance(got, torch.Tensor) else got)
 
 
-@check_for("15", "checkpointed forward: same gradients, dropout included", points=1)
+@check_for("15", "checkpointed forward: same gradients, dropout included", points=1, parts=("15.2",))
 def same_gradients(ns: Any) -> None:
     case = _case(ns)
     got = observe(ns, _learner_run, case)["grads"]
@@ -157,7 +157,7 @@ def same_gradients(ns: Any) -> None:
             expected="largest difference below 1e-05", got=f"largest difference {worst:.2e}")
 
 
-@check_for("15", "checkpointed forward: saves only what the chosen blocks keep", points=1)
+@check_for("15", "checkpointed forward: saves only what the chosen blocks keep", points=1, parts=("15.2",))
 def saved_bytes(ns: Any) -> None:
     case = _case(ns)
     got = observe(ns, _learner_saved, case)

@@ -62,7 +62,7 @@ def _returned(seen: Any, case: dict[str, int]) -> dict[str, Any]:
     return seen
 
 
-@check_for("16", "channels_last: the batch converted, same shape and values", points=1)
+@check_for("16", "channels_last: the batch converted, same shape and values", points=1, parts=("16.1",))
 def batch_converted(ns: Any) -> None:
     case = _case(ns)
     seen = _returned(observe(ns, _converted, case), case)
@@ -79,7 +79,7 @@ def batch_converted(ns: Any) -> None:
         raise CheckFailed("the returned batch holds other values than the input", hint="only the layout changes")
 
 
-@check_for("16", "channels_last: the model's convolution weights converted", points=1)
+@check_for("16", "channels_last: the model's convolution weights converted", points=1, parts=("16.1",))
 def weights_converted(ns: Any) -> None:
     case = _case(ns)
     seen = _returned(observe(ns, _converted, case), case)
@@ -90,7 +90,7 @@ def weights_converted(ns: Any) -> None:
                           expected="every 4-D parameter channels_last", got=left or "no 4-D parameters")
 
 
-@check_for("16", "channels_last: the outputs unchanged", points=1)
+@check_for("16", "channels_last: the outputs unchanged", points=1, parts=("16.1",))
 def outputs_unchanged(ns: Any) -> None:
     case = _case(ns)
     seen = _returned(observe(ns, _converted, case), case)
@@ -134,7 +134,7 @@ def _answers(recorded: Any, machines: list[tuple[int, int, int]]) -> list[Any]:
     return [row[3] for row in recorded]
 
 
-@check_for("16", "threads: the cores the workers and busy processes leave", points=1)
+@check_for("16", "threads: the cores the workers and busy processes leave", points=1, parts=("16.2",))
 def threads_left(ns: Any) -> None:
     machines = [m for m in _machines(run_seed(ns)) if m[0] - m[1] - m[2] >= 1]
     got = _answers(observe(ns, _learner_threads, machines), machines)
@@ -147,7 +147,7 @@ def threads_left(ns: Any) -> None:
                               expected=want, got=value)
 
 
-@check_for("16", "threads: never fewer than one", points=1)
+@check_for("16", "threads: never fewer than one", points=1, parts=("16.2",))
 def at_least_one(ns: Any) -> None:
     machines = [m for m in _machines(run_seed(ns)) if m[0] - m[1] - m[2] < 1]
     got = _answers(observe(ns, _learner_threads, machines), machines)

@@ -98,7 +98,7 @@ def _normalisation_hint(weights: list[Any], seed: int) -> str:
             "dataset's per-channel mean and std (torch.std's default, unbiased)")
 
 
-@check_for("17", "one loss per step, as the reference", points=1)
+@check_for("17", "one loss per step, as the reference", points=1, parts=("17.1",))
 def losses(ns: dict[str, Any]) -> None:
     seed = _seed(ns)
     seen = observe(ns, _trained, seed)
@@ -120,7 +120,7 @@ def losses(ns: dict[str, Any]) -> None:
             expected=[round(v, 5) for v in expected], got=[round(v, 5) for v in got])
 
 
-@check_for("17", "weights after the epoch equal the reference's", points=2)
+@check_for("17", "weights after the epoch equal the reference's", points=2, parts=("17.1",))
 def weights(ns: dict[str, Any]) -> None:
     seed = _seed(ns)
     seen = observe(ns, _trained, seed)
@@ -136,7 +136,7 @@ def _timed(ns: dict[str, Any], seed: int) -> dict[str, Any]:
     return time_against_original(need(ns, "train_fast", HOW), seed=seed)
 
 
-@check_for("17", f"at least {SPEED_THRESHOLD:g}x faster than the original, side by side", points=2)
+@check_for("17", f"at least {SPEED_THRESHOLD:g}x faster than the original, side by side", points=2, parts=("17.1",))
 def speed(ns: dict[str, Any]) -> None:
     seed = _seed(ns) + 1
     seen = observe(ns, _timed, seed)

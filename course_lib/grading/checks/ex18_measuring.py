@@ -69,7 +69,7 @@ def _expected_order(rounds: int) -> list[str]:
     return order
 
 
-@check_for("18", "rounds: one warm-up call each, then rounds in alternating order", points=1)
+@check_for("18", "rounds: one warm-up call each, then rounds in alternating order", points=1, parts=("18.1",))
 def rounds_order(ns: Any) -> None:
     costs = _costs(run_seed(ns))
     seen = observe(ns, _rounds, costs)
@@ -82,7 +82,7 @@ def rounds_order(ns: Any) -> None:
             expected=" ".join(want), got=" ".join(seen["order"]))
 
 
-@check_for("18", "rounds: each round's time read from the clock given, warm-up left out", points=1)
+@check_for("18", "rounds: each round's time read from the clock given, warm-up left out", points=1, parts=("18.1",))
 def rounds_times(ns: Any) -> None:
     costs = _costs(run_seed(ns))
     seen = observe(ns, _rounds, costs)
@@ -174,7 +174,7 @@ def _show(case: dict[str, Any]) -> str:
     return f"a_times={case['a']}, b_times={case['b']}, band={case['band']}"
 
 
-@check_for("18", "verdict: the ratio of the medians, above 1 when a is faster", points=1)
+@check_for("18", "verdict: the ratio of the medians, above 1 when a is faster", points=1, parts=("18.2",))
 def verdict_ratio(ns: Any) -> None:
     for case, (_, got_ratio), (_, want) in _judged(ns):
         if not math.isclose(got_ratio, want, rel_tol=1e-6):
@@ -186,7 +186,7 @@ def verdict_ratio(ns: Any) -> None:
                 expected=round(want, 6), got=round(got_ratio, 6))
 
 
-@check_for("18", "verdict: decided only when the rounds agree, outside the band", points=2)
+@check_for("18", "verdict: decided only when the rounds agree, outside the band", points=2, parts=("18.2",))
 def verdict_outcome(ns: Any) -> None:
     for case, (got, _), (want, _) in _judged(ns):
         if len(case["a"]) < MIN_TIMED_ROUNDS:
@@ -200,7 +200,7 @@ def verdict_outcome(ns: Any) -> None:
                 expected=want, got=got)
 
 
-@check_for("18", f"verdict: fewer than {MIN_TIMED_ROUNDS} rounds decide nothing", points=1)
+@check_for("18", f"verdict: fewer than {MIN_TIMED_ROUNDS} rounds decide nothing", points=1, parts=("18.2",))
 def verdict_few_rounds(ns: Any) -> None:
     for case, (got, _), (want, _) in _judged(ns):
         if len(case["a"]) < MIN_TIMED_ROUNDS and got != want:
@@ -226,7 +226,7 @@ def _quantities(ns: dict[str, Any], cases: list[tuple[str, float, str]]) -> list
     return [[kind, others, device, one_line(call(fn, kind, others, device))] for kind, others, device in cases]
 
 
-@check_for("18", "quantity: CPU time only for fixed work on a contended CPU", points=1)
+@check_for("18", "quantity: CPU time only for fixed work on a contended CPU", points=1, parts=("18.3",))
 def quantity_choice(ns: Any) -> None:
     cases = _quantity_cases(run_seed(ns))
     seen = observe(ns, _quantities, cases)
