@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading import build, notebook
+from course_lib.grading import build, gradebook, notebook
 from course_lib.grading.api import Check, CheckFailed, call, check_for, observe, run_check
 from course_lib.grading.grade import main as grade_main
 from course_lib.grading.runner import grade_notebook
@@ -206,7 +206,7 @@ def test_sys_exit_in_a_cell_and_invalid_json_are_failed_checks(tmp_path: Path, e
 
 def test_grade_a_class_folder(tmp_path: Path, extra: Path) -> None:
     subs = tmp_path / "class"
-    toy_notebook(subs / "ada" / "90_toy.ipynb")
+    toy_notebook(subs / "ada" / "90_toy.ipynb", double_body="return 2 * abs(x)")  # right for the inputs of today
     (subs / "bob").mkdir(parents=True)  # submitted nothing
     (subs / "cy").mkdir()
     (subs / "cy" / "90_toy.ipynb").write_text("{ broken")
@@ -227,11 +227,36 @@ def test_grade_a_class_folder(tmp_path: Path, extra: Path) -> None:
         "eve": ("1", "1", "3"), "fay": ("3", "3", "3"),
     }
     assert (subs / "ada" / "90_toy.ipynb").exists() and (subs / "fay" / "90_toy.ipynb").exists()
+    assert {row["grader"] for row in rows.values()} == {gradebook.grader_version([extra])}
+    canvas = list(csv.reader((tmp_path / "grades-canvas.csv").open()))
+    assert canvas[0][-1] == "Exercise 90" and canvas[1][-1] == "3" and ["dee", "", "", "dee", "", "2"] in canvas
+    assert ["eve", "1"] in list(csv.reader((tmp_path / "grades-moodle.csv").open()))
+
+    # The instructor fixes a check (doubling is now judged on a negative input too) and grades again against the
+    # previous grades: the report names the students, exercises and checks whose outcome changed.
+    (extra / "toy_checks.py").write_text(TOY_CHECKS.replace("x = 21 + run_seed(ns) % 1_000_000",
+                                                            "x = -(21 + run_seed(ns) % 1_000_000)"))
+    code = grade_main([str(subs), "--out", str(out), "--exercises", "90", "--extra-tests", str(extra),
+                       "--timeout", "40", "--jobs", "3", "--regrade", str(out)])
+    assert code == 0
+    report = (tmp_path / "grades-regrade.txt").read_text()
+    assert "ada ex90: 3 -> 2  ('doubles' now failed)" in report, report
+    assert "1 of 6 student(s) changed" in report and gradebook.grader_version([extra]) in report
 
 
 def test_grade_rejects_a_missing_folder(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         grade_main([str(tmp_path / "nope"), "--out", str(tmp_path / "g.csv")])
+
+
+def test_grade_rejects_a_regrade_file_that_is_not_a_grade_table_before_grading(tmp_path: Path, capsys) -> None:
+    (tmp_path / "class" / "ada").mkdir(parents=True)
+    (tmp_path / "notes.csv").write_text("name,score\nada,3\n")
+    for bad, why in ((tmp_path / "notes.csv", "no 'student' column"), (tmp_path / "gone.csv", "cannot be read")):
+        with pytest.raises(SystemExit):
+            grade_main([str(tmp_path / "class"), "--out", str(tmp_path / "g.csv"), "--regrade", str(bad)])
+        assert why in capsys.readouterr().err
+    assert not (tmp_path / "g.csv").exists()  # nothing graded, nothing written
 
 
 # ---------------------------------------------------------------- check command and in-notebook check

@@ -7,7 +7,9 @@ author the points of that exercise and nothing else. The CSV has one row per stu
 column per exercise (points earned), the total, the maximum, a grading status (``graded``, or per
 exercise ``timed out`` / ``ended early`` / ``invalid notebook`` / ``missing``) and flags (an exercise
 that uses the reference implementation). Per student, ``<feedback>/<student>/results.json`` (the
-Gradescope format) and ``feedback.txt`` (what failed, why, the hint); a summary table is printed.
+Gradescope format) and ``feedback.txt`` (what failed, why, the hint); a summary table is printed. Beside the CSV,
+the same points in Canvas's and Moodle's import layouts; every output records the grader's version, and
+``--regrade OLD.csv`` reports what changed since that run (see :mod:`course_lib.grading.gradebook`).
 ``--extra-tests DIR`` adds checks kept by the instructor (``*.py`` files using ``@check_for``).
 """
 
@@ -25,7 +27,7 @@ from textwrap import indent
 from typing import IO, Any
 
 from course_lib import atomic
-from course_lib.grading import sandbox
+from course_lib.grading import gradebook, sandbox
 from course_lib.grading.api import (
     checks_for,
     known_exercises,
@@ -121,11 +123,12 @@ def csv_cell(value: object) -> object:
     return value
 
 
-def write_csv(table: Table, exercises: list[str], out: Path) -> None:
-    """One row per student: points per exercise, total, maximum, grading status and reference-use flags."""
+def write_csv(table: Table, exercises: list[str], out: Path, grader: str = "") -> None:
+    """One row per student: points per exercise, total, maximum, grading status, reference-use flags and the
+    grader's version (:func:`gradebook.grader_version`)."""
     def write_rows(handle: IO[str]) -> None:
         writer = csv.writer(handle)
-        writer.writerow(["student", *[f"ex{n}" for n in exercises], "total", "max", "status", "flags"])
+        writer.writerow(["student", *[f"ex{n}" for n in exercises], "total", "max", "status", "flags", "grader"])
         for student, per_ex in table.items():
             earned = [per_ex[n].earned for n in exercises]
             possible = sum(per_ex[n].points for n in exercises)
@@ -133,14 +136,16 @@ def write_csv(table: Table, exercises: list[str], out: Path) -> None:
             flags = "; ".join([f"ex{n} uses the reference implementation ({', '.join(per_ex[n].uses_reference)})"
                                for n in exercises if per_ex[n].uses_reference]
                               + [f"ex{n} {per_ex[n].note}" for n in exercises if per_ex[n].note])
-            writer.writerow([csv_cell(c) for c in (student, *earned, sum(earned), possible, status or GRADED, flags)])
+            writer.writerow([csv_cell(c) for c in (student, *earned, sum(earned), possible, status or GRADED, flags,
+                                                   grader)])
 
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_with(out, write_rows, encoding="utf-8", newline="")
 
 
-def results_json(per_ex: dict[str, NotebookGrade], exercises: list[str]) -> dict[str, Any]:
-    """Gradescope's ``results.json`` for one student: score, max_score and one entry per check."""
+def results_json(per_ex: dict[str, NotebookGrade], exercises: list[str], grader: str = "") -> dict[str, Any]:
+    """Gradescope's ``results.json`` for one student: score, max_score and one entry per check (plus the grader's
+    version and the status per exercise)."""
     tests = []
     for n in exercises:
         grade = per_ex[n]
@@ -157,7 +162,7 @@ def results_json(per_ex: dict[str, NotebookGrade], exercises: list[str]) -> dict
     notes += [f"ex{n}: {per_ex[n].note}" for n in exercises if per_ex[n].note]
     return {"score": sum(per_ex[n].earned for n in exercises), "max_score": sum(per_ex[n].points for n in exercises),
             "output": "\n".join(notes), "tests": tests,
-            "status": {f"ex{n}": per_ex[n].status for n in exercises}}
+            "status": {f"ex{n}": per_ex[n].status for n in exercises}, "grader": grader}
 
 
 def feedback_text(student: str, per_ex: dict[str, NotebookGrade], exercises: list[str]) -> str:
@@ -181,14 +186,32 @@ def feedback_text(student: str, per_ex: dict[str, NotebookGrade], exercises: lis
     return "\n".join(lines) + "\n"
 
 
-def write_feedback(table: Table, exercises: list[str], folder: Path) -> None:
+def write_feedback(table: Table, exercises: list[str], folder: Path, grader: str = "") -> None:
     """``folder/<student>/results.json`` and ``folder/<student>/feedback.txt`` for every student."""
     for student, per_ex in table.items():
         target = folder / student
         target.mkdir(parents=True, exist_ok=True)
-        (target / "results.json").write_text(json.dumps(results_json(per_ex, exercises), indent=2) + "\n",
+        (target / "results.json").write_text(json.dumps(results_json(per_ex, exercises, grader), indent=2) + "\n",
                                              encoding="utf-8")
         (target / "feedback.txt").write_text(feedback_text(student, per_ex, exercises), encoding="utf-8")
+
+
+def write_gradebooks(table: Table, exercises: list[str], out: Path) -> list[Path]:
+    """``<out>-canvas.csv`` and ``<out>-moodle.csv`` beside the CSV: the points in the platforms' import layouts."""
+    points = {student: {n: per_ex[n].earned for n in exercises} for student, per_ex in table.items()}
+    possible = {n: max(per_ex[n].points for per_ex in table.values()) for n in exercises}
+    written = [out.with_name(f"{out.stem}-canvas.csv"), out.with_name(f"{out.stem}-moodle.csv")]
+    gradebook.write_canvas_csv(points, possible, written[0])
+    gradebook.write_moodle_csv(points, possible, written[1])
+    return written
+
+
+def regrade_lines(previous: gradebook.PreviousRun, table: Table, exercises: list[str], grader: str) -> str:
+    """What changed since the previous run (see :func:`gradebook.regrade_report`)."""
+    points = {student: {f"ex{n}": str(per_ex[n].earned) for n in exercises} for student, per_ex in table.items()}
+    checks = {student: {f"ex{n} {r.name}": "passed" if r.passed else "failed"
+                        for n in exercises for r in per_ex[n].results} for student, per_ex in table.items()}
+    return gradebook.regrade_report(previous, grader, points, checks)
 
 
 def summary(table: Table, exercises: list[str]) -> str:
@@ -238,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--extra-tests", type=Path, action="append", default=[], help="folder of instructor checks")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per notebook")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="notebooks graded at once")
+    parser.add_argument("--regrade", type=Path, metavar="OLD_CSV",
+                        help="a previous run's grades.csv: report what changed, per student, exercise and check")
     args = parser.parse_args(argv)
     if not args.submissions.is_dir():
         parser.error(f"{args.submissions}: not a folder (expected one sub-folder per student)")
@@ -254,14 +279,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = _output_problem(args.out, feedback)
     if problem:  # before any grading: a class's worth of work is not lost to a CSV that cannot be written
         parser.error(problem)
+    previous = None
+    if args.regrade is not None:  # read now: the new run may overwrite those very files
+        try:
+            previous = gradebook.read_previous(args.regrade, args.regrade.with_name(args.regrade.stem + "-feedback"))
+        except ValueError as exc:
+            parser.error(str(exc))
+    grader = gradebook.grader_version(extra_dirs)
     print(sandbox.describe())
     table = grade_class(args.submissions, exercises, timeout_s=args.timeout, extra_dirs=extra_dirs, jobs=args.jobs,
                         outputs=[args.out, feedback])
     if not table:
         print(f"{args.submissions}: no student folders", file=sys.stderr)
         return 1
-    write_csv(table, exercises, args.out)
-    write_feedback(table, exercises, feedback)
+    write_csv(table, exercises, args.out, grader)
+    write_feedback(table, exercises, feedback, grader)
+    books = write_gradebooks(table, exercises, args.out)
     print(summary(table, exercises))
-    print(f"\nwrote {args.out} and {feedback}/<student>/results.json, feedback.txt")
+    print(f"\nwrote {args.out}, {' and '.join(str(p) for p in books)} (grade-book imports), and "
+          f"{feedback}/<student>/results.json, feedback.txt; grader {grader}")
+    if previous is not None:
+        report = regrade_lines(previous, table, exercises, grader)
+        regrade_file = args.out.with_name(f"{args.out.stem}-regrade.txt")
+        atomic.write_text(regrade_file, report + "\n")
+        print(f"\n{report}\n(also in {regrade_file})")
     return 0
