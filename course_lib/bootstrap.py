@@ -93,13 +93,14 @@ def ensure(expected: str, source: str = "") -> None:
             raise CourseVersionMismatch(mismatch_message(expected, found, source))
         print(f"note: this notebook's set-up cell was written for course_lib {expected}; the clone in {root} is "
               f"{found} (edited since). `python -m course_lib.bootstrap --write-cells` refreshes the cells.")
-    from course_lib import mode
+    from course_lib import journal, mode
     from course_lib.data.corpus import prepare_text
     from course_lib.data.shapes import prepare_shapes
 
     prepare_shapes(progress=True)  # reads one marker file when the data is already there
     prepare_text()
     show_blank_exercises_briefly()
+    journal.lesson_run()  # the learner's progress journal (a lesson's notebook only; never in tests)
     print(f"course_lib {found} · {mode.mode()} mode · data in {mode.data_dir()} · device: {device_summary()}")
 
 

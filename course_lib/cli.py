@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gpu-check": ("course_lib.gpu_check:main", "on a CUDA GPU: every GPU path, notebook and grader in < 8 min"),
     "build-exercises": ("course_lib.grading.build:main", "regenerate exercises/ from solutions/"),
     "check": ("course_lib.grading.check:main", "grade your own exercises/ and print a score table"),
+    "progress": ("course_lib.journal:main", "your progress: lessons run, predictions matched, last check scores"),
     "grade": ("course_lib.grading.grade:main", "instructor: grade a folder of student submissions into a CSV"),
     "site": ("course_lib.website:main", "build the course website: lessons executed with their outputs (COURSE_MODE)"),
     "lab": ("course_lib.lab:main", "launch JupyterLab on the welcome notebook (127.0.0.1, with a token)"),

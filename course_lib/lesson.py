@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course_lib import mode
+from course_lib import journal, mode
 
 __all__ = [
     "Prediction",
@@ -142,6 +142,7 @@ class Prediction:
     widget: Any = field(default=None, repr=False)
     key: str = field(default_factory=lambda: uuid.uuid4().hex[:10], repr=False)  # names this question's CSS classes
     revealed: bool = field(default=False, repr=False)
+    _measured: tuple[str | None] | None = field(default=None, repr=False)  # (actual,) once revealed
     _question_handle: Any = field(default=None, repr=False)
     _pending: list[Any] = field(default_factory=list, repr=False)
     _hints: list[Any] = field(default_factory=list, repr=False)
@@ -208,6 +209,11 @@ class Prediction:
         self._question_handle.update(Markdown(f"**Predict:** {self.question}  \n*Your answer:* {self.answer}"))
         self._question_handle = None
 
+    def _journal(self, actual: str | None) -> None:
+        """Note the learner's answer, and whether it matched, in the progress journal."""
+        compared = self.choices is not None and actual is not None and self.answer != SKIP_CHOICE
+        journal.prediction_answered(self.question, self.answer, self.matches(actual) if compared else None)
+
     def hint(self, text: str) -> Any:
         """A line shown until this question is answered.
 
@@ -238,6 +244,8 @@ class Prediction:
 
         for hint in self._hints:  # before the question turns into text, which the CSS rule looks for
             hint.layout.display = "none"
+        if self._measured is not None:
+            self._journal(*self._measured)
         for handle, actual, why in self._pending:
             handle.update(Markdown(self.reveal_markdown(actual, why)))
         self._pending.clear()
@@ -255,10 +263,12 @@ class Prediction:
                 f"actual={actual!r} is not one of the choices {self.choices}; compute it from the measurement "
                 "as one of those strings (or None when the measurement could not decide)."
             )
-        self.revealed = True
+        self.revealed, self._measured = True, (actual,)
         if self.widget is None or self.answered:
             self._freeze_question()
             say(self.reveal_markdown(actual, why))
+            if self.widget is not None:
+                self._journal(actual)
             return
         from IPython.display import Markdown, display
 

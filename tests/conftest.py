@@ -11,6 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("COURSE_MODE", "smoke")
 os.environ.setdefault("COURSE_DATA_DIR", str(REPO / ".cache" / "data"))
 os.environ.setdefault("MPLBACKEND", "Agg")
+# A learner's progress journal is never touched by tests (unattended runs record nothing; this is the second guard).
+os.environ.setdefault("COURSE_PROGRESS_FILE", os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                                           f"course-progress-tests-{os.getpid()}.json"))
 
 
 import pytest  # noqa: E402 - after the environment is set

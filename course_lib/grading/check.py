@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from course_lib import journal
 from course_lib.grading.api import checks_for, normalise_exercise, run_check
 from course_lib.grading.report import format_results
 
@@ -37,6 +38,7 @@ def check(exercise: str | int, namespace: dict[str, Any]) -> None:
     if not results:
         raise AssertionError(f"exercise {number} has no checks (is course_lib up to date?)")
     print(format_results(results))
+    journal.exercise_checked(number, sum(r.earned for r in results), sum(r.points for r in results))
     failed = [r.name for r in results if not r.passed]
     if failed:
         raise ChecksFailed(f"exercise {number}: {len(failed)} check(s) to fix (see the table above)")
@@ -69,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     graded = grade_notebooks({n: found.get(n) for n in numbers}, timeout_s=args.timeout)
     results = [r for n in numbers for r in graded[n].results]
     print(format_results(results))
+    for n in numbers:
+        if n in found:
+            journal.exercise_checked(n, graded[n].earned, graded[n].points)
     if missing:
         print(f"not found in {args.notebooks}: exercise(s) {', '.join(missing)}")
     copied = [n for n in numbers if graded[n].uses_reference]

@@ -1,0 +1,105 @@
+"""The learner's progress journal (course_lib.journal): recorded by lessons and checks, shown by lesson 00 and
+`python -m course_lib progress`, never required."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from course_lib import cli, journal
+from course_lib.grading.api import checks_for
+
+LESSON = "notebooks/00_welcome.ipynb"
+
+
+@pytest.fixture
+def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A learner's journal that does not exist yet, in a run a person is looking at."""
+    where = tmp_path / "home" / ".cache" / "progress.json"
+    monkeypatch.setenv("COURSE_PROGRESS_FILE", str(where))
+    monkeypatch.delenv("COURSE_UNATTENDED", raising=False)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    return where
+
+
+def test_an_empty_journal_lists_every_lesson_and_exercise(fresh: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["progress"]) == 0
+    out = capsys.readouterr().out
+    lessons = sorted(p.stem for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert all(f"| {name} | not run yet |" in out for name in lessons)
+    assert out.count("not checked yet") == len(list((REPO / "exercises").glob("[0-9][0-9]_*.ipynb")))
+    assert not fresh.exists()  # reading never writes
+
+
+def test_a_lesson_its_predictions_and_a_check_are_recorded(fresh: Path) -> None:
+    journal.lesson_run(LESSON)
+    journal.prediction_answered("Which is faster?", "A", True, notebook=LESSON)
+    journal.prediction_answered("How many?", "B", False, notebook=LESSON)
+    journal.prediction_answered("Skipped?", "skip: just show me", None, notebook=LESSON)
+    journal.exercise_checked("05", 3, 5)
+    text = journal.summary_markdown()
+    row = next(line for line in text.splitlines() if line.startswith("| 00_welcome |"))
+    assert "(smoke mode)" in row and "| 3 | 1 of 2 |" in row and "not run yet" not in row
+    assert "3/5 points" in next(line for line in text.splitlines() if line.startswith("| 05_lr_schedule |"))
+    data = json.loads(fresh.read_text())
+    assert data["exercises"]["05"]["earned"] == 3 and len(data["lessons"]["00_welcome"]["predictions"]) == 3
+
+
+def test_only_lessons_are_recorded_and_unattended_runs_record_nothing(fresh: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    journal.lesson_run("exercises/05_lr_schedule.ipynb")
+    journal.lesson_run("my_notes.ipynb")
+    journal.lesson_run()  # no notebook known (a script)
+    assert not fresh.exists()
+    monkeypatch.setenv("COURSE_UNATTENDED", "1")
+    journal.lesson_run(LESSON)
+    journal.exercise_checked("05", 5, 5)
+    assert not fresh.exists()
+    monkeypatch.setenv("COURSE_UNATTENDED", "0")
+    monkeypatch.setenv("JPY_SESSION_NAME", "course/notebooks/03_modules.ipynb")  # as JupyterLab tells the kernel
+    journal.lesson_run()
+    assert "03_modules" in json.loads(fresh.read_text())["lessons"]
+
+
+@pytest.mark.parametrize("damage", ["{ not json", '["a list"]', '{"lessons": 3, "exercises": {}}', "\udcff"])
+def test_a_damaged_journal_costs_one_line_and_is_kept_aside(fresh: Path, damage: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    fresh.parent.mkdir(parents=True)
+    fresh.write_text(damage, errors="surrogateescape")
+    journal.exercise_checked("07", 1, 3)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "starting a new journal" in err and "progress.json.damaged" in err
+    assert json.loads(fresh.read_text())["exercises"]["07"]["earned"] == 1
+    assert fresh.with_name("progress.json.damaged").read_text(errors="surrogateescape") == damage
+
+
+def test_an_unwritable_journal_never_stops_anything(fresh: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fresh.parent.parent.mkdir(parents=True)
+    fresh.parent.write_text("a file where the folder should be")
+    journal.exercise_checked("07", 1, 3)  # no exception
+    assert "not recorded" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_running_a_lesson_and_an_exercise_in_a_kernel_shows_in_the_progress_view(
+        fresh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """As a learner's JupyterLab runs them (the kernel told its notebook's path), with a fresh journal."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    before = journal.summary_markdown()
+    assert "| 00_welcome | not run yet |" in before and "| 05_lr_schedule | not checked yet |" in before
+    for notebook in ("notebooks/00_welcome.ipynb", "solutions/05_lr_schedule.ipynb"):
+        monkeypatch.setenv("JPY_SESSION_NAME", notebook)
+        nb = nbformat.read(REPO / notebook, as_version=4)
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    assert cli.main(["progress"]) == 0
+    out = capsys.readouterr().out
+    lesson = next(line for line in out.splitlines() if line.startswith("| 00_welcome |"))
+    assert "(smoke mode)" in lesson and "not run yet" not in lesson
+    exercise = next(line for line in out.splitlines() if line.startswith("| 05_lr_schedule |"))
+    possible = sum(c.points for c in checks_for("05"))
+    assert f"| {possible}/{possible} points," in exercise
