@@ -2,7 +2,7 @@
 predictions were answered and matched what was measured, and each exercise's last check score. One small JSON
 file; nothing leaves the machine.
 
-``python -m course_lib progress`` prints it; lesson 00 shows it with :func:`show`.
+``python -m course_lib progress`` prints it (:mod:`course_lib.room`); lesson 00 shows it with :func:`show`.
 
 The journal is never required. It is written atomically, under a lock where the platform has one (two kernels may
 record at once), and only by runs a person is looking at: tests, the site build and other unattended runs
@@ -30,7 +30,7 @@ VERSION = 1
 COURSE_ROOT = Path(__file__).resolve().parents[1]  # the clone, when course_lib is used from one
 
 __all__ = ["path", "load", "lesson_run", "prediction_answered", "exercise_checked",
-           "current_notebook", "summary_markdown", "show", "main"]
+           "current_notebook", "summary_markdown", "show"]
 
 
 def path() -> Path:
@@ -181,14 +181,3 @@ def show() -> None:
         display(Markdown("*Your progress table appears here when you run the lessons yourself.*"))
         return
     display(Markdown(f"Your progress (kept in `{path()}`, on this machine only):\n\n{summary_markdown()}"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m course_lib progress``: print the journal."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m course_lib progress", description=__doc__.splitlines()[0])
-    parser.parse_args(argv)
-    print(f"progress kept in {path()}\n")
-    print(summary_markdown())
-    return 0

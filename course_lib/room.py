@@ -1,0 +1,225 @@
+"""The room's measurements: each learner's verdicts, bundled with a description of their machine, drawn side by side.
+
+Learner, after the lessons (run with ``COURSE_CLAIM_LOG=<file>`` set, as the workshop's set-up sheet says)::
+
+    python -m course_lib progress export --out my-machine.json
+
+Instructor, with every learner's file in one folder::
+
+    python -m course_lib class report FOLDER [--out DIR]
+
+For each claim (a lesson's comparison of ``a`` with ``b``) the report draws every machine's measured ratio, marks
+the machines whose verdict differs from the room's majority and gives the likely reason from their descriptions
+(fewer cores, another device, a busy machine whose verdict rested on CPU time, another torch version, smoke mode).
+It writes ``class-report.png`` and ``class-report.md``; files that are not bundles are skipped with one line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from course_lib import __version__, atomic, journal, mode
+from course_lib.perf import claims
+
+BUNDLE_FORMAT = 1
+__all__ = ["machine_description", "export", "load_bundles", "Claim", "claims_by_comparison", "likely_reason",
+           "report_markdown", "draw", "progress_main", "class_main"]
+
+
+def machine_description() -> dict[str, Any]:
+    """What explains a machine's numbers: cores (all, and usable here), device, torch, Python, mode, course."""
+    import torch
+
+    from course_lib.device import pick_device
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cores": os.cpu_count(), "usable_cores": usable, "machine": platform.machine(),
+            "system": platform.system(), "device": pick_device().type, "torch": torch.__version__,
+            "python": platform.python_version(), "mode": mode.mode(), "course": __version__}
+
+
+def export(claim_log: Path, out: Path, name: str = "") -> int:
+    """Bundle the claim log with this machine's description into ``out``; returns how many claims it holds."""
+    lines = [json.loads(line) for line in claim_log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    bundle = {"format": BUNDLE_FORMAT, "kind": "course-room-bundle", "name": name or platform.node(),
+              "machine": machine_description(), "claims": [c for c in lines if isinstance(c, dict)]}
+    atomic.write_text(out, json.dumps(bundle, indent=1) + "\n")
+    return len(bundle["claims"])
+
+
+def load_bundles(folder: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every bundle in ``folder`` (``*.json``), and one line per file skipped (and why)."""
+    bundles, skipped = [], []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            skipped.append(f"{path.name}: skipped, not JSON ({exc.__class__.__name__})")
+            continue
+        if not isinstance(data, dict) or data.get("kind") != "course-room-bundle" or \
+                not isinstance(data.get("claims"), list) or not isinstance(data.get("machine"), dict):
+            skipped.append(f"{path.name}: skipped, not a bundle from `progress export`")
+            continue
+        data["name"] = str(data.get("name") or path.stem)
+        bundles.append(data)
+    return bundles, skipped
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One machine's verdict on one comparison."""
+
+    machine: str
+    description: dict[str, Any]
+    outcome: str
+    ratio: float
+    quantity: str
+
+
+def claims_by_comparison(bundles: Sequence[dict[str, Any]]) -> dict[str, list[Claim]]:
+    """``{"02_dataloader.ipynb: a vs b": [one Claim per machine (its last verdict)]}``; malformed lines skipped."""
+    found: dict[str, dict[str, Claim]] = {}
+    for bundle in bundles:
+        for raw in bundle["claims"]:
+            if not isinstance(raw, dict) or raw.get("outcome") not in ("faster", "slower", "too_close"):
+                continue
+            try:
+                ratio = float(raw["ratio"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if not math.isfinite(ratio) or ratio <= 0:
+                continue
+            key = f"{raw.get('lesson') or '?'}: {raw.get('a')} vs {raw.get('b')}"
+            found.setdefault(key, {})[bundle["name"]] = Claim(bundle["name"], bundle["machine"], raw["outcome"],
+                                                               ratio, str(raw.get("quantity", "")))
+    return {key: list(per_machine.values()) for key, per_machine in sorted(found.items())}
+
+
+def likely_reason(odd: Claim, majority: Sequence[Claim]) -> str:
+    """Why ``odd`` may disagree with the ``majority``, from what differs in its description (or its quantity)."""
+    def usual(field: str) -> Any:
+        values = Counter(str(c.description.get(field)) for c in majority)
+        return values.most_common(1)[0][0] if values else None
+
+    reasons = []
+    mine = odd.description
+    if str(mine.get("device")) != usual("device"):
+        reasons.append(f"device {mine.get('device')} (most: {usual('device')})")
+    if str(mine.get("usable_cores")) != usual("usable_cores"):
+        reasons.append(f"{mine.get('usable_cores')} usable core(s) (most: {usual('usable_cores')})")
+    if odd.quantity == "cpu" and Counter(c.quantity for c in majority).most_common(1)[0][0] != "cpu":
+        reasons.append("a busy machine: its verdict rested on CPU time")
+    if str(mine.get("mode")) != usual("mode"):
+        reasons.append(f"{mine.get('mode')} mode (most: {usual('mode')})")
+    if str(mine.get("torch")) != usual("torch"):
+        reasons.append(f"torch {mine.get('torch')} (most: {usual('torch')})")
+    return "; ".join(reasons) or "nothing in its description: ask what else ran during the measurement"
+
+
+def _majority(claims_: Sequence[Claim]) -> tuple[str, list[Claim], list[Claim]]:
+    outcome = Counter(c.outcome for c in claims_).most_common(1)[0][0]
+    return outcome, [c for c in claims_ if c.outcome == outcome], [c for c in claims_ if c.outcome != outcome]
+
+
+def report_markdown(groups: dict[str, list[Claim]], machines: int, skipped: Sequence[str]) -> str:
+    """The report's table: per comparison, the room's ratios, its majority verdict and the machines that differ."""
+    lines = [f"# The room's measurements ({machines} machines)", "",
+             "| comparison | machines | ratios (min, median, max) | majority verdict | differs (likely reason) |",
+             "|---|---|---|---|---|"]
+    for key, claims_ in groups.items():
+        ratios = sorted(c.ratio for c in claims_)
+        outcome, majority, odd = _majority(claims_)
+        differs = "<br>".join(f"{c.machine}: {c.outcome} ({likely_reason(c, majority)})" for c in odd) or "-"
+        lines.append(f"| {key} | {len(claims_)} | {ratios[0]:.2f}x, {ratios[len(ratios) // 2]:.2f}x, "
+                     f"{ratios[-1]:.2f}x | {outcome.replace('_', ' ')} | {differs} |")
+    if skipped:
+        lines += ["", "Skipped files:", *[f"- {line}" for line in skipped]]
+    return "\n".join(lines) + "\n"
+
+
+def draw(groups: dict[str, list[Claim]], out: Path) -> Path:
+    """One row per comparison: each machine's ratio (log scale), coloured by its verdict; a ring marks a machine
+    whose verdict differs from the room's majority."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"faster": "tab:blue", "slower": "tab:red", "too_close": "tab:gray"}
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(groups) + 1.6))
+    for row, claims_ in enumerate(groups.values()):
+        _, _, odd = _majority(claims_)
+        for claim in claims_:
+            ax.scatter(claim.ratio, row, color=colours[claim.outcome], s=36, zorder=3)
+            if claim in odd:
+                ax.scatter(claim.ratio, row, facecolors="none", edgecolors="black", s=140, linewidths=1.2, zorder=4)
+                ax.annotate(claim.machine, (claim.ratio, row), textcoords="offset points", xytext=(0, 9),
+                            ha="center", fontsize=7)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(groups)), list(groups), fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("measured ratio (a's speed over b's; 1 = the same)")
+    ax.set_title("The room's measurements: blue faster, red slower, grey too close; ringed: differs from the room",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def progress_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m course_lib progress [export --out FILE]``: the journal, or a bundle for the room's report."""
+    parser = argparse.ArgumentParser(prog="python -m course_lib progress", description=journal.__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    bundle = sub.add_parser("export", help="bundle your claim log with this machine's description (for the room)")
+    bundle.add_argument("--claims", type=Path, default=os.environ.get(claims.ENV),
+                        help=f"your claim log (default: ${claims.ENV})")
+    bundle.add_argument("--out", type=Path, default=Path("my-machine.json"), help="the file to hand in")
+    bundle.add_argument("--name", default="", help="how the report names this machine (default: its host name)")
+    args = parser.parse_args(argv)
+    if args.command != "export":
+        print(f"progress kept in {journal.path()}\n\n{journal.summary_markdown()}")
+        return 0
+    if args.claims is None or not Path(args.claims).is_file():
+        parser.error(f"no claim log to export ({args.claims or f'${claims.ENV} is not set'}): run the lessons with "
+                     f"{claims.ENV}=<file> set, then export that file")
+    count = export(Path(args.claims), args.out, args.name)
+    print(f"wrote {args.out}: {count} verdicts and this machine's description; hand it to your instructor")
+    return 0
+
+
+def class_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m course_lib class report FOLDER [--out DIR]``."""
+    parser = argparse.ArgumentParser(prog="python -m course_lib class", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    report = sub.add_parser("report", help="the room's measurements side by side: a plot and a table")
+    report.add_argument("folder", type=Path, help="folder with every learner's bundle (*.json)")
+    report.add_argument("--out", type=Path, default=None, help="where to write (default: the folder)")
+    args = parser.parse_args(argv)
+    if not args.folder.is_dir():
+        parser.error(f"{args.folder}: not a folder (put every learner's `progress export` file in one folder)")
+    out = args.out or args.folder
+    bundles, skipped = load_bundles(args.folder)
+    for line in skipped:
+        print(line, file=sys.stderr)
+    groups = claims_by_comparison(bundles)
+    if not groups:
+        print(f"{args.folder}: no verdicts to compare in {len(bundles)} bundle(s)", file=sys.stderr)
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(out / "class-report.md", report_markdown(groups, len(bundles), skipped))
+    draw(groups, out / "class-report.png")
+    print(f"{len(bundles)} machines, {len(groups)} comparisons: wrote {out / 'class-report.md'} and "
+          f"{out / 'class-report.png'}")
+    return 0
