@@ -462,6 +462,21 @@ def check_tqdm_bars(page, name: str) -> int:
 
 
 # --- tests ------------------------------------------------------------------------------------------------
+def test_the_class_report_opens_in_chromium(browser_context, tmp_path):
+    from course_lib import cli
+    from test_room import _room
+
+    assert cli.main(["class", "report", str(_room(tmp_path / "room")), "--out", str(tmp_path / "report")]) == 0
+    page = browser_context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.goto((tmp_path / "report" / "class-report.png").as_uri())
+    width = page.evaluate("() => document.images[0] && document.images[0].naturalWidth")
+    page.close()
+    assert width and width > 300 and errors == []
+
+
 def test_fixture_notebook_widgets_work_in_jupyterlab(page, lab_server):
     open_notebook(page, lab_server, "fixture.ipynb")
     run_all_cells(page)
@@ -502,6 +517,9 @@ def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, notebook):
     check_tqdm_bars(page, notebook.stem)
     if notebook.name.startswith("00_"):  # the predict/reveal round trip, on the shortest lesson
         check_answer_opens_what_was_held(page, notebook.stem, measured_marker="the Python loop")
+        progress = page.locator(".jp-Cell-outputWrapper table", has_text="predictions answered").first
+        assert "(smoke mode)" in progress.locator("tr", has_text="00_welcome").inner_text(), \
+            "the progress view in lesson 00 should show this very run"
     if notebook.name.startswith(("00_", "02_")):  # reopen: an answered question (00), open ones and widgets (02)
         save_and_reopen(page, lab_server, rel)
         assert widget_errors(page) == [], f"{rel} shows a widget error when reopened after saving"
