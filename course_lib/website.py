@@ -75,6 +75,13 @@ def exercises(root: Path) -> list[Path]:
     return sorted((root / "exercises").glob("[0-9][0-9]_*.ipynb"))
 
 
+def instructor_notes(root: Path) -> list[Path]:
+    """``docs/instructor/``: its README (the index), the agenda, then one note per lesson."""
+    folder = root / "docs" / "instructor"
+    first = [folder / name for name in ("README.md", "agenda.md") if (folder / name).is_file()]
+    return first + sorted(p for p in folder.glob("*.md") if p not in first)
+
+
 def guides(root: Path) -> list[Path]:
     """``docs/*.md`` pages: the coverage map and the grading guide first, then the others by name."""
     pages = sorted((root / "docs").glob("*.md"))
@@ -223,18 +230,22 @@ def _exercise_page(source: Path, root: Path, pages: set[Path], config: bootstrap
 def stage(root: Path, folders: SiteFolders, executed: list[Path], *, machine: str) -> list[Path]:
     """Write the Sphinx sources into ``folders.staging``; return the staged files."""
     config = bootstrap.read_config(root)
-    sources = [root / "README.md", *(root / "notebooks" / p.name for p in executed), *exercises(root), *guides(root)]
+    home = root / "README.md"
+    sources = [home, *(root / "notebooks" / p.name for p in executed), *exercises(root), *guides(root),
+               *instructor_notes(root)]
     pages = {p.resolve() for p in sources}
     staged = []
     for source in sources:
-        relative = Path("index.md") if source.name == "README.md" else source.relative_to(root)
+        relative = Path("index.md") if source == home else source.relative_to(root)
         target = folders.staging / relative
         if source.suffix == ".md":
             text = rewrite_links(source.read_text(encoding="utf-8"), source, root, pages, config)
-            if source.name == "README.md":
+            if source == home:
                 text += _toctree("Lessons", [f"notebooks/{p.stem}" for p in executed])
                 text += _toctree("Exercises", [f"exercises/{p.stem}" for p in exercises(root)])
                 text += _toctree("Guides", [p.relative_to(root).with_suffix("").as_posix() for p in guides(root)])
+                notes = [p.relative_to(root).with_suffix("").as_posix() for p in instructor_notes(root)]
+                text += _toctree("Instructor notes", notes) if notes else ""
         elif source.parent.name == "exercises":
             text = json.dumps(_exercise_page(source, root, pages, config), indent=1, ensure_ascii=False)
         else:

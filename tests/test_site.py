@@ -27,6 +27,7 @@ from test_lessons import execute_once
 LESSONS = website.lessons(REPO)
 GUIDES = website.guides(REPO)
 EXERCISES = website.exercises(REPO)
+NOTES = website.instructor_notes(REPO)
 FOLDERS = website.SiteFolders(root=REPO, mode=mode.mode())
 
 
@@ -77,7 +78,8 @@ def _parse(path: Path) -> _Page:
 def _expected_pages(html: Path) -> list[Path]:
     return ([html / "index.html"] + [html / "notebooks" / f"{p.stem}.html" for p in LESSONS]
             + [html / "exercises" / f"{p.stem}.html" for p in EXERCISES]
-            + [html / "docs" / f"{p.stem}.html" for p in GUIDES])
+            + [html / "docs" / f"{p.stem}.html" for p in GUIDES]
+            + [html / "docs" / "instructor" / f"{p.stem}.html" for p in NOTES])
 
 
 @pytest.mark.timeout(1800)
