@@ -174,7 +174,10 @@ def summary_markdown(data: dict[str, Any] | None = None) -> str:
 
 
 def show() -> None:
-    """Display the journal in a notebook (Markdown tables)."""
+    """Display the journal in a notebook (Markdown tables).
+
+    Taught in lesson 00 (``notebooks/00_welcome.ipynb``).
+    """
     from IPython.display import Markdown, display
 
     if not _recording():  # a test run or the site build: nobody's journal to show

@@ -253,7 +253,7 @@ def test_resource_limits_end_hogs_without_harm(graded_class: dict) -> None:
 
 def test_outputs_for_the_instructor(graded_class: dict) -> None:
     header = next(csv.reader(graded_class["out"].open()))
-    assert header == ["student", "ex90", "total", "max", "status", "flags"]
+    assert header == ["student", "ex90", "total", "max", "status", "flags", "grader"]
     results = json.loads((graded_class["feedback"] / "ada" / "results.json").read_text())
     assert (results["score"], results["max_score"]) == (3, 3)
     assert {(t["name"], t["score"], t["max_score"]) for t in results["tests"]} == {
