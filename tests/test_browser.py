@@ -255,6 +255,14 @@ def outputs_text(page) -> str:
     return "\n".join(page.locator(".jp-Cell-outputWrapper").all_inner_texts())
 
 
+def keep_kernel_busy(page, seconds: int) -> None:
+    """Give the kernel a silent cell of ``seconds`` (as Run All keeps it busy) and wait until it is busy."""
+    page.evaluate("""s => { window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.requestExecute(
+                             {code: `import time; time.sleep(${s})`, silent: true}); }""", seconds)
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'busy'")
+
+
 def check_answer_opens_what_was_held(page, name: str, measured_marker: str) -> None:
     """After Run All nothing measured shows under the open question; a click shows the held output and the reveal
     at once, while the kernel is still busy with something else (so the browser, not the kernel, opened it)."""
@@ -264,10 +272,7 @@ def check_answer_opens_what_was_held(page, name: str, measured_marker: str) -> N
     assert measured_marker not in text, f"{measured_marker!r} (a measured figure) showed before an answer"
     page.locator(".widget-toggle-buttons").first.scroll_into_view_if_needed()
     shot(page.locator(".jp-NotebookPanel"), f"{name}-before-answer")
-    page.evaluate("""() => { window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.requestExecute(
-                              {code: 'import time; time.sleep(30)', silent: true}); }""")
-    page.wait_for_function(
-        "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'busy'")
+    keep_kernel_busy(page, 30)
     first_choice = page.locator(".widget-toggle-buttons button").first
     first_choice.scroll_into_view_if_needed()
     choice_text = first_choice.inner_text().strip()

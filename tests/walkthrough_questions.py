@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO
 from course_lib.lesson import HELD_TEXT
-from test_browser import open_notebook, run_all_cells, shot
+from test_browser import keep_kernel_busy, open_notebook, run_all_cells, shot
 
 pytest_plugins = ("test_browser",)  # its fixtures: the lab server, the browser, a page
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -56,10 +56,7 @@ def test_run_all_then_answer_every_question(page, lab_server, lesson):
             assert text.strip() == HELD_TEXT, f"{rel}: shown under an open question: {text}"
     page.locator(".widget-toggle-buttons").first.scroll_into_view_if_needed()
     shot(page.locator(".jp-NotebookPanel"), f"walkthrough-{lesson.stem}-before")
-    page.evaluate("""() => { window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.requestExecute(
-                              {code: 'import time; time.sleep(600)', silent: true}); }""")
-    page.wait_for_function(
-        "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'busy'")
+    keep_kernel_busy(page, 600)
     buttons = page.locator(".widget-toggle-buttons")
     for i in range(buttons.count()):
         choice = buttons.nth(i).locator("button").last  # "skip: just show me"
