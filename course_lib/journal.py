@@ -86,7 +86,7 @@ def _locked(where: Path) -> Iterator[None]:
 
 
 def _recording() -> bool:
-    return os.environ.get("COURSE_UNATTENDED", "").strip().lower() not in ("1", "true", "yes")
+    return not mode.is_unattended()
 
 
 def _update(change: Callable[[dict[str, Any]], None]) -> None:

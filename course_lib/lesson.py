@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import html
 import math
-import os
 import re
 import uuid
 from collections.abc import Sequence
@@ -69,7 +68,7 @@ def _in_live_kernel() -> bool:
     False in a plain interpreter or script, and when ``COURSE_UNATTENDED=1``: a notebook executed by nbval, nbclient
     or the site builder has a kernel but nobody to answer, so its reveals are written out in full at once.
     """
-    if os.environ.get("COURSE_UNATTENDED", "").strip().lower() in ("1", "true", "yes"):
+    if mode.is_unattended():
         return False
     try:
         from IPython import get_ipython
@@ -141,7 +140,6 @@ class Prediction:
     default: str = ""
     widget: Any = field(default=None, repr=False)
     key: str = field(default_factory=lambda: uuid.uuid4().hex[:10], repr=False)  # names this question's CSS classes
-    revealed: bool = field(default=False, repr=False)
     _measured: tuple[str | None] | None = field(default=None, repr=False)  # (actual,) once revealed
     _question_handle: Any = field(default=None, repr=False)
     _pending: list[Any] = field(default_factory=list, repr=False)
@@ -164,6 +162,11 @@ class Prediction:
     def matches(self, actual: str | None) -> bool:
         """Whether the answer equals ``actual`` (case and surrounding spaces ignored)."""
         return actual is not None and self.answer.strip().lower() == str(actual).strip().lower()
+
+    @property
+    def revealed(self) -> bool:
+        """True once :meth:`reveal` has run (its cell ends the stretch of held cells)."""
+        return self._measured is not None
 
     @property
     def values(self) -> tuple[str, ...]:
@@ -263,7 +266,7 @@ class Prediction:
                 f"actual={actual!r} is not one of the choices {self.choices}; compute it from the measurement "
                 "as one of those strings (or None when the measurement could not decide)."
             )
-        self.revealed, self._measured = True, (actual,)
+        self._measured = (actual,)
         if self.widget is None or self.answered:
             self._freeze_question()
             say(self.reveal_markdown(actual, why))

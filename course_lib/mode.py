@@ -39,6 +39,12 @@ def is_smoke() -> bool:
     return mode() == "smoke"
 
 
+def is_unattended() -> bool:
+    """True when ``COURSE_UNATTENDED`` is set (``1``, ``true``, ``yes``): tests, nbval and the site build run the
+    notebooks and nobody is there to answer a question or to keep a progress journal."""
+    return os.environ.get("COURSE_UNATTENDED", "").strip().lower() in ("1", "true", "yes")
+
+
 def by_mode(smoke: T, full: T) -> T:
     """Pick a size for the current mode: ``steps = by_mode(smoke=20, full=600)``."""
     return smoke if is_smoke() else full

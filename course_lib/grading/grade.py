@@ -29,6 +29,7 @@ from typing import IO, Any
 from course_lib import atomic
 from course_lib.grading import gradebook, sandbox
 from course_lib.grading.api import (
+    CheckResult,
     checks_for,
     known_exercises,
     load_extra_checks,
@@ -143,6 +144,11 @@ def write_csv(table: Table, exercises: list[str], out: Path, grader: str = "") -
     atomic.write_with(out, write_rows, encoding="utf-8", newline="")
 
 
+def check_label(exercise: str, result: CheckResult) -> str:
+    """``"ex05 last group averaged"``: a check's name in ``results.json``, which a regrade compares by."""
+    return f"ex{exercise} {result.name}"
+
+
 def results_json(per_ex: dict[str, NotebookGrade], exercises: list[str], grader: str = "") -> dict[str, Any]:
     """Gradescope's ``results.json`` for one student: score, max_score and one entry per check (plus the grader's
     version and the status per exercise)."""
@@ -154,7 +160,7 @@ def results_json(per_ex: dict[str, NotebookGrade], exercises: list[str], grader:
                 line for line in (r.message, f"hint: {r.hint}" if r.hint else "",
                                   f"expected: {r.expected}" if r.expected is not None else "",
                                   f"got: {r.got}" if r.got is not None else "") if line)
-            tests.append({"name": f"ex{n} {r.name}", "number": n, "score": r.earned, "max_score": r.points,
+            tests.append({"name": check_label(n, r), "number": n, "score": r.earned, "max_score": r.points,
                           "status": "passed" if r.passed else "failed", "output": output})
     notes = [f"ex{n}: {per_ex[n].status}" for n in exercises if per_ex[n].status != GRADED]
     notes += [f"ex{n}: uses the reference implementation ({', '.join(per_ex[n].uses_reference)})"
@@ -209,7 +215,7 @@ def write_gradebooks(table: Table, exercises: list[str], out: Path) -> list[Path
 def regrade_lines(previous: gradebook.PreviousRun, table: Table, exercises: list[str], grader: str) -> str:
     """What changed since the previous run (see :func:`gradebook.regrade_report`)."""
     points = {student: {f"ex{n}": str(per_ex[n].earned) for n in exercises} for student, per_ex in table.items()}
-    checks = {student: {f"ex{n} {r.name}": "passed" if r.passed else "failed"
+    checks = {student: {check_label(n, r): "passed" if r.passed else "failed"
                         for n in exercises for r in per_ex[n].results} for student, per_ex in table.items()}
     return gradebook.regrade_report(previous, grader, points, checks)
 

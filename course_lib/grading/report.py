@@ -35,7 +35,7 @@ def format_results(results: Iterable[CheckResult], *, width: int = 100) -> str:
         indent = " " * 6
         message = r.message
         if message in shown and message.startswith("not attempted yet: Exercise "):
-            message = message.split(":", 2)[0] + ":" + message.split(":", 2)[1] + " (as above)"
+            message = ": ".join(message.split(": ", 2)[:2]) + " (as above)"  # "not attempted yet: Exercise NN.k"
         shown.add(r.message)
         for label, text in (("", message), ("hint: ", r.hint)):
             if text:
