@@ -147,6 +147,11 @@ def bench_result(out_dir: Path) -> dict[str, Any] | None:
     return {"error": error} if error else section
 
 
+def _measured_peaks(bench: dict[str, Any]) -> str:
+    peaks = bench.get("measured_peaks") or {}
+    return ", ".join(f"{dtype} {flops / 1e12:,.0f} TFLOP/s" for dtype, flops in peaks.items()) or "not measured"
+
+
 def summarise_bench(out_dir: Path) -> Callable[[str, int], tuple[str, str]]:
     """A summariser that reads the GPU section's tokens/s and MFU for each contender from the JSON report."""
 
@@ -337,7 +342,8 @@ def to_markdown(rows: Sequence[Row], device: dict[str, Any], *, wall_s: float, a
                   f"embeddings), batch {bench['batch']} x {bench['seq_len']} tokens, random tokens, fused AdamW; "
                   f"{bench['rounds']} interleaved rounds of {bench['steps_per_round']} steps after "
                   f"{bench['warmup_steps']} warm-up steps. MFU = tokens/s x (6N + 12 L H Q T) / peak; "
-                  f"peak: {bench['peak_source']}.", "", format_rows(bench), ""]
+                  f"peak: {bench['peak_source']}; measured peak: the best matmul this GPU reached in its own sweep "
+                  f"({_measured_peaks(bench)}).", "", format_rows(bench), ""]
         lines += [f"- {sentence}" for sentence in bench.get("verdicts", [])]
         lines.append("")
     shown = log_dir.relative_to(ROOT) if log_dir.is_relative_to(ROOT) else log_dir  # no home paths in the table

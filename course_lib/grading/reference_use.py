@@ -38,6 +38,9 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "16": ("course_lib.perf.memory_format.to_channels_last", "course_lib.perf.threads.intra_op_threads"),
     "18": ("course_lib.perf.compare.decide", "course_lib.perf.compare.choose_quantity",
            "course_lib.perf.compare.verdict_from_times", "course_lib.perf.compare.compare"),
+    "19": ("course_lib.perf.anatomy.step_flops", "course_lib.perf.anatomy.counted_step_flops",
+           "course_lib.perf.ceiling.roofline_point", "course_lib.perf.ceiling.ridge_intensity"),
+    "20": ("course_lib.perf.anatomy.predict_memory", "course_lib.perf.anatomy.measured_memory"),
 }
 
 

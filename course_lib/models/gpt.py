@@ -22,7 +22,10 @@ from torch import nn
 
 @dataclass
 class GPTConfig:
-    """Sizes of a :class:`TinyGPT`. The defaults train in seconds on a laptop CPU."""
+    """Sizes of a :class:`TinyGPT`. The defaults train in seconds on a laptop CPU.
+
+    Taught in lesson 14 (``notebooks/14_ceiling.ipynb``).
+    """
 
     vocab_size: int = 65
     block_size: int = 64  # longest sequence (number of positions) the model can see
@@ -98,7 +101,10 @@ class TransformerBlock(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """Token ids ``[B, T]`` (``T <= block_size``) -> next-token logits ``[B, T, vocab_size]``."""
+    """Token ids ``[B, T]`` (``T <= block_size``) -> next-token logits ``[B, T, vocab_size]``.
+
+    Taught in lesson 14 (``notebooks/14_ceiling.ipynb``).
+    """
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()

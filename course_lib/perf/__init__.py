@@ -10,6 +10,7 @@ Every number a lesson shows is measured on the learner's machine with these help
 * :mod:`~course_lib.perf.compile`    -- ``torch.compile`` with an honest eager fallback, recompilation counting, TF32.
 * :mod:`~course_lib.perf.precision`  -- fp32 vs bf16 (vs fp16 on CUDA) side by side.
 * :mod:`~course_lib.perf.bench`      -- the benchmark table (``python -m course_lib bench``).
+* :mod:`~course_lib.perf.anatomy`    -- a training step's FLOPs and memory by category, by formula and measured.
 * :mod:`~course_lib.perf.checkpointing`, :mod:`~course_lib.perf.memory_format`, :mod:`~course_lib.perf.optimizers`,
   :mod:`~course_lib.perf.threads`, :mod:`~course_lib.perf.busy` -- the techniques of lesson 12 (activation
   checkpointing, ``channels_last``, foreach/fused optimizers, thread counts, busy cores).
@@ -20,5 +21,5 @@ instrument does not pay for the others.
 
 from __future__ import annotations
 
-__all__ = ["timing", "memory", "loaders", "stepsplit", "profile", "compile", "precision", "bench", "checkpointing",
-           "memory_format", "optimizers", "threads", "busy"]
+__all__ = ["timing", "memory", "loaders", "stepsplit", "profile", "compile", "precision", "bench", "anatomy",
+           "checkpointing", "memory_format", "optimizers", "threads", "busy"]

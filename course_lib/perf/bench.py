@@ -474,6 +474,14 @@ def bench_gpt_mfu(sizes: Sizes, log: Callable[[str], None], peak_tflops: float |
     cfg = GPTBenchConfig(model=sizes.gpt_model, warmup_steps=10 if sizes.gpt_model == "gpt2-small" else 2,
                          timed_steps=sizes.gpt_steps, rounds=min(5, sizes.gpt_steps))
     result = run_gpt_bench(cfg, torch.device("cuda"), peak_tflops=peak_tflops, log=log)
+    # MFU against what this GPU's matmuls really reach too (lesson 14), beside the datasheet's figure.
+    from course_lib.perf.ceiling import PRECISION_DTYPES, cached_ceiling
+
+    ceiling = cached_ceiling("cuda", progress=False)
+    result["measured_peaks"] = dict(ceiling.matmul)
+    for row in result["rows"]:
+        peak = ceiling.peak(PRECISION_DTYPES.get(row["precision"], "float32"))
+        row["mfu_measured"] = row["tokens_per_s"] * result["flops_per_token"] / peak
     head = result["rows"][0]
     log(f"  GPT: {head['contender']} {head['tokens_per_s']:,.0f} tokens/s"
         + (f", MFU {head['mfu']:.1%}" if head["mfu"] is not None else ""))

@@ -82,7 +82,10 @@ MODELS = {"gpt2-small": GPT2_SMALL, "tiny": TINY}
 
 
 def gpt_flops_per_token(n_params: int, n_layer: int, n_embd: int, seq_len: int) -> float:
-    """Training FLOPs per token, ``6 N + 12 L H Q T`` (``n_embd = H * Q``): see the module docstring."""
+    """Training FLOPs per token, ``6 N + 12 L H Q T`` (``n_embd = H * Q``): see the module docstring.
+
+    Taught in lesson 14 (``notebooks/14_ceiling.ipynb``).
+    """
     return 6 * n_params + 12 * n_layer * n_embd * seq_len
 
 
@@ -120,7 +123,10 @@ def peak_flops(name: str, override_tflops: float | None = None, precision: str =
 
 
 def non_embedding_params(model: TinyGPT) -> int:
-    """Parameters counted in ``6 N``: all of them (tied ones once) except the position embeddings."""
+    """Parameters counted in ``6 N``: all of them (tied ones once) except the position embeddings.
+
+    Taught in lesson 14 (``notebooks/14_ceiling.ipynb``).
+    """
     return sum(p.numel() for p in model.parameters()) - model.pos_emb.weight.numel()
 
 
@@ -393,12 +399,15 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def format_rows(result: dict[str, Any]) -> str:
     """The GPU section as a Markdown table: one row per contender."""
-    lines = ["| contender | precision | tokens/s | MFU | peak used | vs first |", "|---|---|---|---|---|---|"]
+    lines = ["| contender | precision | tokens/s | MFU (datasheet) | datasheet peak | MFU (measured peak) | vs first |",
+             "|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         m = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
         peak = f"{row['peak_flops'] / 1e12:g} TFLOP/s" if row["peak_flops"] else "unknown"
+        # Against the best matmul this GPU reached in its own sweep (course_lib.perf.ceiling), where measured.
+        measured = f"{row['mfu_measured']:.1%}" if row.get("mfu_measured") is not None else "-"
         lines.append(f"| {row['contender']} | {row['precision']} | {row['tokens_per_s']:,.0f} | {m} | {peak} | "
-                     f"{row['vs_first']:.2f}x |")
+                     f"{measured} | {row['vs_first']:.2f}x |")
     return "\n".join(lines)
 
 

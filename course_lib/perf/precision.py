@@ -79,9 +79,14 @@ def _is_weight_copy(t: torch.Tensor) -> bool:
 
 
 def saved_activation_bytes(
-    model: torch.nn.Module, inputs: torch.Tensor, *, amp_dtype: torch.dtype | None = None
+    model: torch.nn.Module, inputs: torch.Tensor, *, amp_dtype: torch.dtype | None = None,
+    loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, int]:
     """Bytes autograd keeps for the backward of one ``model(inputs)``, split into activations and weight copies.
+
+    With ``loss_fn`` the loss is part of the step: ``loss_fn(model(inputs))`` runs inside the count too (after
+    autocast, as a training step computes it), so what the loss saves (a ``log_softmax`` output, the targets) is
+    counted with the rest.
 
     Every tensor saved for backward passes through a ``saved_tensors_hooks`` pack hook. Memory is counted once
     (a tensor saved by two operations, or overlapping views of one buffer, is one piece of memory), only the bytes
@@ -122,7 +127,9 @@ def saved_activation_bytes(
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with autocast(inputs.device, amp_dtype):
-                model(inputs)
+                output = model(inputs)
+            if loss_fn is not None:
+                loss_fn(output)
     finally:
         model.train(was_training)
     sizes = {key: _union_bytes(ranges) for key, ranges in spans.items()}
