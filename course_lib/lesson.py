@@ -92,6 +92,7 @@ def show_source(obj: Any) -> None:
     """
     import inspect
 
+    obj = inspect.unwrap(obj)  # a decorated function (``@torch.no_grad()``): its own source, not the decorator's
     path = Path(inspect.getsourcefile(obj) or "").resolve()
     root = Path(__file__).resolve().parent.parent  # the folder holding course_lib/
     where = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name

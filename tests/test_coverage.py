@@ -11,16 +11,17 @@ import re
 
 from conftest import REPO
 
-# The syllabus ids: S0.1-S0.21, S1.1-S1.16, S3.1-S3.9, S4.1-S4.9 and, of S5, those taught so far (S5.1-S5.3, S5.7,
-# S5.8).
+# The syllabus ids: S0.1-S0.21, S1.1-S1.16, S3.1-S3.9, S4.1-S4.9 and S5.1-S5.8.
 # Starred ids must be practised in a graded exercise.
 SYLLABUS_IDS = (
     [f"S0.{i}" for i in range(1, 22)] + [f"S1.{i}" for i in range(1, 17)] + [f"S3.{i}" for i in range(1, 10)]
-    + [f"S4.{i}" for i in range(1, 10)] + ["S5.1", "S5.2", "S5.3", "S5.7", "S5.8"]
+    + [f"S4.{i}" for i in range(1, 10)] + [f"S5.{i}" for i in range(1, 9)]
 )
 STARRED = {"S0.3", "S0.6", "S0.9", "S0.10", "S0.11", "S0.14", "S0.16", "S0.18", "S0.19",
            "S1.4", "S1.6", "S1.7", "S1.9", "S1.10", "S1.11", "S1.14", "S1.16", "S4.1", "S4.2", "S4.5", "S5.1", "S5.2",
            "S5.3"}
+# S5.4 and S5.5 are starred in the syllabus too: lesson 13 teaches them, and their graded exercises are the open part
+# of the distributed-internals work. Add them here when those exercises land.
 
 ROW = re.compile(r"^\|\s*(S\d\.\d+)\s*(★)?\s*\|([^|]+)\|([^|]+)\|([^|]*)\|\s*$")
 

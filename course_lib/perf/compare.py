@@ -315,6 +315,8 @@ class Verdict:
     ``high`` bound it. ``outcome``: ``"faster"``/``"slower"`` (``a`` than ``b``) or ``"too_close"``.
     ``quantity``: ``"wall"``, ``"cpu"`` or the name of a count; ``reason``: why that quantity, in one clause
     (empty on a quiet machine). ``cores``: one sentence on the cores each contender had (parallel comparisons).
+
+    Taught in lesson 13 (``notebooks/13_parallel.ipynb``), which rebuilds the verdicts its ranks measured.
     """
 
     a: str

@@ -100,10 +100,11 @@ def _max_diff(a: Any, b: nn.Module) -> float:
 
 
 def _scaler_dtypes(seed: int) -> list[torch.dtype | None]:
-    """Each precision once, then five more drawn at random: the sequence differs in every grading run."""
+    """Each precision once, then thirteen more drawn at random: two grading runs share the sequence with odds
+    below one in ten million, so answers recorded for one run do not fit another."""
     draw = random.Random(seed)
     choices: list[torch.dtype | None] = [torch.float16, torch.bfloat16, None]
-    dtypes = choices + [draw.choice(choices) for _ in range(5)]
+    dtypes = choices + [draw.choice(choices) for _ in range(13)]
     draw.shuffle(dtypes)
     return dtypes
 
@@ -114,7 +115,8 @@ def _scalers(ns: dict[str, Any], dtypes: list[torch.dtype | None]) -> list[dict[
     for dtype in dtypes:
         scaler = call(make, torch.device("cpu"), dtype)
         kind = f"{type(scaler).__module__}.{type(scaler).__qualname__}"
-        out.append({"type": kind, "is_grad_scaler": isinstance(scaler, torch.amp.GradScaler),
+        # The input is recorded with the answer: a judge can tell answers given for another run's dtypes.
+        out.append({"amp_dtype": str(dtype), "type": kind, "is_grad_scaler": isinstance(scaler, torch.amp.GradScaler),
                     "enabled": bool(scaler.is_enabled()) if isinstance(scaler, torch.amp.GradScaler) else None})
     return out
 
@@ -122,7 +124,13 @@ def _scalers(ns: dict[str, Any], dtypes: list[torch.dtype | None]) -> list[dict[
 @check_for("08", "scaler enabled only for fp16", points=1, parts=("08.1",))
 def scaler_choice(ns: dict[str, Any]) -> None:
     dtypes = _scaler_dtypes(run_seed(ns))
-    for dtype, seen in zip(dtypes, observe(ns, _scalers, dtypes)):
+    records = observe(ns, _scalers, dtypes)
+    asked = [r.get("amp_dtype") if isinstance(r, dict) else None for r in records] \
+        if isinstance(records, list) else None
+    if asked != [str(d) for d in dtypes]:
+        raise CheckFailed("the recorded answers are not for this run's precisions (one scaler per call of make_scaler)",
+                          expected=[str(d) for d in dtypes], got=asked)
+    for dtype, seen in zip(dtypes, records):
         want = dtype == torch.float16
         if seen["type"].startswith("torch.cuda.amp"):
             raise CheckFailed(
