@@ -19,9 +19,7 @@ SYLLABUS_IDS = (
 )
 STARRED = {"S0.3", "S0.6", "S0.9", "S0.10", "S0.11", "S0.14", "S0.16", "S0.18", "S0.19",
            "S1.4", "S1.6", "S1.7", "S1.9", "S1.10", "S1.11", "S1.14", "S1.16", "S4.1", "S4.2", "S4.5", "S5.1", "S5.2",
-           "S5.3"}
-# S5.4 and S5.5 are starred in the syllabus too: lesson 13 teaches them, and their graded exercises are the open part
-# of the distributed-internals work. Add them here when those exercises land.
+           "S5.3", "S5.4", "S5.5"}
 
 ROW = re.compile(r"^\|\s*(S\d\.\d+)\s*(★)?\s*\|([^|]+)\|([^|]+)\|([^|]*)\|\s*$")
 

@@ -1,4 +1,4 @@
-"""Run a learner's DDP training function on real processes and collect what every rank did (exercise 11).
+"""Run a learner's distributed code on real processes and collect what every rank did (exercises 11 and 21).
 
 How the learner's code crosses the process boundary. The function lives in a notebook: ``__main__`` of a
 kernel (or of the grading worker), which the ``spawn`` start method cannot pickle. So its *source* travels
@@ -15,6 +15,12 @@ rank (:func:`rank_main`)
    ``fn(rank, world_size, model, dataset, cfg, out_dir)``;
 3. writes ``RUN_DIR/rank<R>.pt`` (``torch.save`` of plain data): indices it read, its final parameters, the
    all-reduce count, the paths it saved to, or the exception it raised.
+
+A job may instead name a trusted **driver** (``run_ranks(..., driver="module:function")``, one of :data:`DRIVERS`,
+never a name the learner's code chooses): each rank then imports it and calls ``driver(load_cell, rank, world_size,
+cfg)``, where ``load_cell()`` executes the cell and returns its namespace. The driver joins the process group
+itself, instruments what it likes before the cell runs, calls the learner's functions on models and data it builds
+from ``cfg`` and returns a plain-data record (exercise 21: :mod:`course_lib.grading.parallel_driver`).
 
 Only loopback networking is needed (gloo over 127.0.0.1), so this also runs inside the grading sandbox, which has
 no network. A rank that fails makes the others wait in a collective forever: the launcher stops every rank a few
@@ -45,6 +51,9 @@ from course_lib import atomic, ddp_demo
 from course_lib import distributed as dist
 
 CHECKPOINT = "model.pt"
+# The drivers a job may name ("module:function"): trusted code of the course, imported inside each rank. A job that
+# names anything else is refused there, so the name in job.json can never import what a learner chose.
+DRIVERS = frozenset({"course_lib.grading.parallel_driver:rank_driver"})
 CELL_NAME = "<exercise cell>"
 GRACE_S = 5.0  # after one rank failed, how long the others may still finish on their own
 
@@ -219,7 +228,7 @@ _last_run: dict[str, Any] = {}
 
 
 def run_ranks(fn: Callable[..., Any], cfg: dict[str, Any], *, world_size: int = 2, timeout_s: float = 180.0,
-              reuse: bool = False) -> dict[str, Any]:
+              reuse: bool = False, driver: str | None = None, source: str | None = None) -> dict[str, Any]:
     """Run ``fn(rank, world_size, model, dataset, cfg, out_dir)`` on ``world_size`` processes; collect the results.
 
     ``cfg`` (JSON-able) must hold ``seed`` and ``n`` (model and dataset seed, dataset size). Returns plain data:
@@ -229,23 +238,31 @@ def run_ranks(fn: Callable[..., Any], cfg: dict[str, Any], *, world_size: int = 
     (paths it gave ``torch.save``), or ``error`` (``{"type", "message", "where"}``) when the function raised.
     ``reuse=True`` returns the previous result when the cell, the function and ``cfg`` are unchanged (the checks of
     one grading run, and the notebook's demo before them, share one run: it is deterministic).
+
+    With ``driver`` (one of :data:`DRIVERS`) each rank runs that trusted function instead of ``fn`` and its record
+    is what the driver returned (plus ``rank``, or ``error`` when the driver itself raised); ``source`` (default: the
+    cell that defined ``fn``) is the code each rank executes.
     """
-    source = cell_source(fn)
-    key = json.dumps([source, fn.__name__, cfg, world_size])
+    if driver is not None and driver not in DRIVERS:
+        raise ValueError(f"driver={driver!r} is not one of the course's drivers {sorted(DRIVERS)}")
+    source = cell_source(fn) if source is None else source
+    key = json.dumps([source, fn.__name__, cfg, world_size, driver])
     if reuse and _last_run.get("key") == key:
         return _last_run["result"]
     _last_run.clear()
-    result = _run_fresh(fn.__name__, source, cfg, world_size, timeout_s)
+    result = _run_fresh(fn.__name__, source, cfg, world_size, timeout_s, driver)
     _last_run.update(key=key, result=result)
     return result
 
 
-def _run_fresh(name: str, source: str, cfg: dict[str, Any], world_size: int, timeout_s: float) -> dict[str, Any]:
+def _run_fresh(name: str, source: str, cfg: dict[str, Any], world_size: int, timeout_s: float,
+               driver: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="course_ddp_ranks_") as tmp:
         run_dir = Path(tmp)
         (run_dir / "out").mkdir()
         (run_dir / "cell.py").write_text(source, encoding="utf-8")
-        (run_dir / "job.json").write_text(json.dumps({"function": name, "cfg": cfg}), encoding="utf-8")
+        job = {"function": name, "cfg": cfg, **({"driver": driver} if driver is not None else {})}
+        (run_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
         finished = _wait(_start_ranks_or_spawn(run_dir, world_size), timeout_s)
         ranks = []
         for rank in range(world_size):
@@ -301,10 +318,46 @@ def _record_saves(saves: list[str]) -> None:
     torch.save = save  # type: ignore[assignment]
 
 
+def exception_record(exc: BaseException) -> dict[str, str]:
+    """An exception as plain data: its type, its message and the last lines of its traceback."""
+    return {"type": type(exc).__name__, "message": str(exc), "where": traceback.format_exc(limit=-2)[-800:]}
+
+
+def _load_cell(run_dir: Path) -> dict[str, Any]:
+    """Execute the cell's source in a fresh namespace (``__name__`` is not ``"__main__"``) and return it."""
+    source = (run_dir / "cell.py").read_text(encoding="utf-8")
+    namespace: dict[str, Any] = {"__name__": "__ddp_rank__"}
+    linecache.cache[CELL_NAME] = (len(source), None, source.splitlines(True), CELL_NAME)  # quoted in tracebacks
+    exec(compile(source, CELL_NAME, "exec"), namespace)
+    return namespace
+
+
+def import_driver(name: str) -> Callable[..., dict[str, Any]]:
+    """The driver ``"module:function"``, only if it is one of :data:`DRIVERS`."""
+    if name not in DRIVERS:
+        raise ValueError(f"driver {name!r} is not one of the course's drivers {sorted(DRIVERS)}")
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def _driven(run_dir: Path, rank: int, world_size: int, job: dict[str, Any]) -> dict[str, Any]:
+    """One rank of a driver's job: the trusted driver runs the cell (when it is ready) and reports."""
+    record: dict[str, Any] = {"rank": rank}
+    try:
+        driver = import_driver(str(job["driver"]))
+        record.update(driver(lambda: _load_cell(run_dir), rank, world_size, dict(job["cfg"])))
+        record["rank"] = rank
+    except BaseException as exc:  # reported to the check, which names it
+        record["error"] = exception_record(exc)
+    return record
+
+
 def rank_main(run_dir: Path, rank: int) -> dict[str, Any]:
     """One rank: run the cell's function on the course's model and data; return this rank's record."""
     job = json.loads((run_dir / "job.json").read_text(encoding="utf-8"))
     cfg, world_size = job["cfg"], int(os.environ["WORLD_SIZE"])
+    if "driver" in job:
+        return _driven(run_dir, rank, world_size, job)
     counters: list[dist.AllReduceCounter] = []
     saves: list[str] = []
     _count_allreduces(counters)
@@ -313,10 +366,7 @@ def rank_main(run_dir: Path, rank: int) -> dict[str, Any]:
     dataset = make_recording_dataset(cfg["n"], cfg["seed"])
     record: dict[str, Any] = {"rank": rank}
     try:
-        source = (run_dir / "cell.py").read_text(encoding="utf-8")
-        namespace: dict[str, Any] = {"__name__": "__ddp_rank__"}
-        linecache.cache[CELL_NAME] = (len(source), None, source.splitlines(True), CELL_NAME)  # quoted in tracebacks
-        exec(compile(source, CELL_NAME, "exec"), namespace)
+        namespace = _load_cell(run_dir)
         fn = namespace.get(job["function"])
         if not callable(fn):
             raise NameError(f"the cell no longer defines {job['function']}")
@@ -325,8 +375,7 @@ def rank_main(run_dir: Path, rank: int) -> dict[str, Any]:
             raise TypeError(f"{job['function']} should return the trained model, not {type(trained).__name__}")
         record["params"] = ddp_demo.flat_parameters(trained)
     except BaseException as exc:  # reported to the check, which names it
-        record["error"] = {"type": type(exc).__name__, "message": str(exc),
-                           "where": traceback.format_exc(limit=-2)[-800:]}
+        record["error"] = exception_record(exc)
     record["reads"] = list(dataset.reads)
     record["syncs"] = sum(c.syncs for c in counters)
     record["buckets"] = sum(c.buckets for c in counters)

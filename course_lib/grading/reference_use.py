@@ -41,6 +41,14 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "19": ("course_lib.perf.anatomy.step_flops", "course_lib.perf.anatomy.counted_step_flops",
            "course_lib.perf.ceiling.roofline_point", "course_lib.perf.ceiling.ridge_intensity"),
     "20": ("course_lib.perf.anatomy.predict_memory", "course_lib.perf.anatomy.measured_memory"),
+    "21": ("course_lib.parallel.data_parallel.broadcast_parameters", "course_lib.parallel.data_parallel.assign_buckets",
+           "course_lib.parallel.data_parallel.BucketedDP", "course_lib.parallel.data_parallel.OverlappedDP",
+           "course_lib.parallel.data_parallel.allreduce_gradients", "course_lib.parallel.zero.ShardedOptimizer",
+           "course_lib.parallel.zero.shard_bounds", "course_lib.parallel.tensor_parallel.TPMLP",
+           "course_lib.parallel.tensor_parallel.ColumnParallelLinear",
+           "course_lib.parallel.tensor_parallel.RowParallelLinear",
+           "course_lib.parallel.tensor_parallel._CopyToParallel",
+           "course_lib.parallel.tensor_parallel._ReduceFromParallel"),
 }
 
 

@@ -1,0 +1,291 @@
+"""Checks for exercise 21: bucketed data parallelism, ZeRO-1 and a tensor-parallel MLP, run on two real processes.
+
+The learner's exercise cell defines ``broadcast_parameters``, ``BucketedAllReduce``, ``ShardedAdamW``,
+``SumInForward``, ``SumInBackward`` and ``tp_mlp``. One two-process run per grading run
+(:func:`course_lib.grading.parallel_driver.run_exercise`, reused by every check) executes the cell in each rank
+under the course's trusted driver, which builds the models and data from the run's seed, calls the learner's code
+and records what every rank ended with and which collectives it issued. The judges recompute every reference in the
+grader's own process: rank 0's initial weights, one process trained on the whole batch, unsharded AdamW, the unsplit
+MLP block, and the buckets :func:`course_lib.parallel.data_parallel.assign_buckets` makes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from course_lib.grading import parallel_driver as driver
+from course_lib.grading.api import CheckFailed, check_for, need, observe, run_seed
+from course_lib.grading.ddp_ranks import RanksFailed
+from course_lib.parallel.data_parallel import assign_buckets
+from course_lib.parallel.zero import shard_bounds
+
+DP_TOLERANCE = 1e-5  # absolute, per weight: float rounding of a few SGD steps is ~1e-7
+ZERO_TOLERANCE = 1e-6  # AdamW is element-wise: a shard steps exactly as the whole does, up to rounding
+TP_TOLERANCE = 1e-5
+HOW = {
+    "broadcast_parameters": "define `broadcast_parameters(model)` in the exercise cell",
+    "BucketedAllReduce": "define `class BucketedAllReduce` with `__init__(self, model, bucket_cap_bytes)` and "
+                         "`finish(self)` in the exercise cell",
+    "ShardedAdamW": "define `class ShardedAdamW` with `__init__(self, params, lr, weight_decay)` and `step(self)`",
+    "SumInForward": "keep `class SumInForward(torch.autograd.Function)` in the exercise cell",
+    "SumInBackward": "keep `class SumInBackward(torch.autograd.Function)` in the exercise cell",
+    "tp_mlp": "define `tp_mlp(x, block, rank, world)` in the exercise cell",
+}
+
+
+def _section(ns: dict[str, Any], cfg: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """Every rank's record of one section (the run itself is shared by all checks); raise what the ranks raised."""
+    for wanted in driver.SECTIONS[name]:
+        need(ns, wanted, HOW[wanted])
+    try:
+        run = driver.run_exercise(ns, cfg)
+    except RanksFailed as exc:
+        raise CheckFailed(f"the two-process run did not complete: {exc}",
+                          hint="both ranks must reach the same collectives in the same order; run the demo cell "
+                               "to see what each rank did") from None
+    except (EOFError, OSError) as exc:  # starting the processes failed: the grader's machine, not the learner's code
+        raise CheckFailed(f"the grader could not start the two processes ({type(exc).__name__}: {exc}); this is not "
+                          "your code: grade this exercise again") from None
+    records = []
+    for record in run["ranks"]:
+        error = record.get("error") or record.get(name, {}).get("error")
+        if error is not None:
+            if error["type"] == "NotImplementedError" and error["message"].startswith("Exercise"):
+                raise NotImplementedError(error["message"])
+            raise CheckFailed(f"rank {record['rank']} raised {error['type']}: {error['message']}",
+                              hint="the exercise cell runs on its own in each process: it must import everything "
+                                   "it uses, and both ranks must issue the same collectives",
+                              got=error["where"].strip().splitlines()[-3:])
+        records.append(record[name])
+    return records
+
+
+def _ranks(ns: dict[str, Any], name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    cfg = driver.exercise_config(run_seed(ns))
+    return cfg, observe(ns, _section, cfg, name)
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor) -> str:
+    return f"largest difference {(a - b).abs().max().item():.3g}" if a.shape == b.shape else \
+        f"{a.numel()} values instead of {b.numel()}"
+
+
+# ------------------------------------------------------------------------------ 21.1: data parallelism
+
+
+@check_for("21", "broadcast_parameters: every rank holds rank 0's weights", points=1, parts=("21.1",))
+def broadcast(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns, "broadcast")
+    want = driver.flat(driver.make_dp_model(cfg, 0).parameters())
+    for rank, record in enumerate(ranks):
+        got = record["params"]
+        if got.shape != want.shape or not torch.equal(got, want):
+            same = ranks[0]["params"].shape == ranks[1]["params"].shape and torch.equal(ranks[0]["params"],
+                                                                                          ranks[1]["params"])
+            raise CheckFailed(
+                f"after broadcast_parameters rank {rank}'s weights are not rank 0's initial weights"
+                + (" (the ranks agree, on other weights)" if same else ""),
+                hint="dist.broadcast(param, src=0) for every parameter, in place, inside torch.no_grad(): each rank "
+                     "built its model from its own seed",
+                expected=f"{want.numel()} weights equal to rank 0's", got=_gap(got, want))
+
+
+def _one_process(cfg: dict[str, Any]) -> torch.Tensor:
+    """The reference: rank 0's initial model trained by one process with SGD on every step's whole batch."""
+    dp = cfg["dp"]
+    model = driver.make_dp_model(cfg, 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=dp["lr"])
+    for step in range(dp["steps"]):
+        x, y = driver.dp_batch(cfg, step)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return driver.flat(model.parameters())
+
+
+@check_for("21", "bucketed training matches one process on the whole batch", points=2, parts=("21.1", "21.2", "21.3"))
+def matches_one_process(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns, "dp")
+    want = _one_process(cfg)
+    for rank, record in enumerate(ranks):
+        got = record["params"]
+        if got.shape == want.shape and torch.allclose(got, want, rtol=0, atol=DP_TOLERANCE):
+            continue
+        unwaited = max(step["unwaited"] for step in record["steps"])
+        why = (f"{unwaited} async all-reduce(s) had not been waited for when optimizer.step() ran, so the step "
+               "used gradients that were never averaged" if unwaited else
+               "its gradients were not the average over the ranks of every step's gradients")
+        raise CheckFailed(
+            f"rank {rank}'s weights after {cfg['dp']['steps']} SGD steps (lr {cfg['dp']['lr']:g}) differ from one "
+            f"process trained on the {driver.WORLD * cfg['dp']['batch']}-sample global batches: {why}",
+            hint="all-reduce SUM then divide by the world size; launch a bucket from "
+                 "register_post_accumulate_grad_hook (register_hook runs before autograd writes .grad); finish() "
+                 "sends the buckets still waiting, waits on every handle, then copies the averages into .grad",
+            expected=f"within {DP_TOLERANCE:g} of the one-process weights", got=_gap(got, want))
+
+
+def _buckets(cfg: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """Bytes of each reference bucket, and of those complete before ``inp.weight``'s gradient (overlapped)."""
+    model = driver.make_dp_model(cfg, 0)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad][::-1]
+    sizes = dict((n, p.numel() * p.element_size()) for n, p in named)
+    buckets = assign_buckets(named, cfg["dp"]["cap_bytes"])
+    late = ("aux.", "inp.weight")  # aux gets no gradient: finish() sends its bucket; inp.weight's comes last
+    early = [b for b in buckets if not any(n.startswith(late) for n in b)]
+    return [sum(sizes[n] for n in b) for b in buckets], [sum(sizes[n] for n in b) for b in early]
+
+
+@check_for("21", "one all-reduce per bucket, of the bucket's bytes", points=1, parts=("21.1", "21.2", "21.3"))
+def bucket_messages(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns, "dp")
+    want, _ = _buckets(cfg)
+    for rank, record in enumerate(ranks):
+        for step, got in enumerate(record["steps"]):
+            if sorted(got["all_reduce_bytes"]) != sorted(want):
+                raise CheckFailed(
+                    f"rank {rank}, step {step}: the all-reduces sent are not one per bucket of at most "
+                    f"{cfg['dp']['cap_bytes']} bytes",
+                    hint="walk the parameters in reverse registration order; close the bucket before a parameter "
+                         "that would take it past the cap (a parameter larger than the cap goes alone); one flat "
+                         "message per bucket, float32 (4 bytes per element)",
+                    expected=f"{len(want)} messages of {want} bytes (bucket order)",
+                    got=f"{len(got['all_reduce_bytes'])} messages of {got['all_reduce_bytes']} bytes (sent order)")
+
+
+@check_for("21", "overlap: buckets sent while backward still runs", points=1, parts=("21.1", "21.2", "21.3"))
+def overlap(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns, "dp")
+    _, want = _buckets(cfg)
+    for rank, record in enumerate(ranks):
+        for step, got in enumerate(record["steps"]):
+            if sorted(got["before_marker"]) != sorted(want):
+                raise CheckFailed(
+                    f"rank {rank}, step {step}: the buckets whose gradients were all final before the first layer's "
+                    "were not sent while backward was still running",
+                    hint="launch each bucket from register_post_accumulate_grad_hook, the moment its last gradient "
+                         "is final, with async_op=True; finish() only sends what never filled",
+                    expected=f"all-reduces of {sorted(want)} bytes before inp.weight's gradient was final",
+                    got=f"{sorted(got['before_marker'])} bytes before it, {got['all_reduce_bytes']} in all")
+
+
+# ------------------------------------------------------------------------------ 21.2: ZeRO-1
+
+
+def _unsharded(cfg: dict[str, Any]) -> torch.Tensor:
+    z = cfg["zero"]
+    params = driver.zero_params(cfg)
+    optimizer = torch.optim.AdamW(params, lr=z["lr"], weight_decay=z["weight_decay"])
+    for step in range(z["steps"]):
+        for p, g in zip(params, driver.zero_grads(cfg, step)):
+            p.grad = g
+        optimizer.step()
+    return driver.flat(params)
+
+
+@check_for("21", "ShardedAdamW matches unsharded AdamW (uneven last shard)", points=2, parts=("21.4", "21.5"))
+def zero_matches_unsharded(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns, "zero")
+    want = _unsharded(cfg)
+    bounds = shard_bounds(want.numel(), driver.WORLD)
+    for rank, record in enumerate(ranks):
+        got = record["params"]
+        if got.shape == want.shape and torch.allclose(got, want, rtol=0, atol=ZERO_TOLERANCE):
+            continue
+        wrong = ((got - want).abs() > ZERO_TOLERANCE).nonzero().flatten().tolist() if got.shape == want.shape else []
+        raise CheckFailed(
+            f"rank {rank}'s parameters after {cfg['zero']['steps']} steps differ from one AdamW over all "
+            f"{want.numel()} of them",
+            hint=f"shards [start, end) of ceil(numel / world) elements each, the last shorter ({bounds} here); step "
+                 "your shard, then every rank needs every updated shard (all-gather, padding the short one, or one "
+                 "broadcast per shard)",
+            expected=f"within {ZERO_TOLERANCE:g} of unsharded AdamW",
+            got=f"{_gap(got, want)}; wrong elements {wrong[:12]}" if wrong else _gap(got, want))
+
+
+@check_for("21", "optimizer state: each rank keeps its shard's moments only", points=1, parts=("21.4", "21.5"))
+def zero_state(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns, "zero")
+    numel = driver.flat(driver.zero_params(cfg)).numel()
+    for rank, ((start, end), record) in enumerate(zip(shard_bounds(numel, driver.WORLD), ranks)):
+        want = 2 * 4 * (end - start)  # AdamW's exp_avg and exp_avg_sq, float32, per element of the shard
+        if record["state_bytes"] != want:
+            raise CheckFailed(
+                f"rank {rank}'s `optimizer` keeps moments for {record['state_bytes'] // 8} elements; its shard "
+                f"[{start}, {end}) of the {numel} has {end - start}",
+                hint="self.optimizer = torch.optim.AdamW([shard], ...) over this rank's slice only: 2 moments x 4 "
+                     "bytes per element of the shard (the step counter aside)",
+                expected=f"{want} bytes", got=f"{record['state_bytes']} bytes ({record['optimizer']})")
+
+
+# ------------------------------------------------------------------------------ 21.3: tensor parallelism
+
+
+def _unsplit(cfg: dict[str, Any]) -> dict[str, Any]:
+    block = driver.tp_block(cfg)
+    x, weights = driver.tp_input(cfg)
+    x.requires_grad_()
+    out = block(x)
+    (out * weights).sum().backward()
+    return {"out": out.detach(), "x_grad": x.grad, "grads": {n: p.grad for n, p in block.named_parameters()}}
+
+
+def _share(name: str, grad: torch.Tensor, rank: int) -> torch.Tensor:
+    """The part of the unsplit block's gradient that reaches rank ``rank``'s block (zeros elsewhere)."""
+    if name == "2.bias":
+        return grad
+    h = grad.shape[0] if name.startswith("0.") else grad.shape[1]
+    mine = slice(rank * h // driver.WORLD, (rank + 1) * h // driver.WORLD)
+    out = torch.zeros_like(grad)
+    if name.startswith("0."):
+        out[mine] = grad[mine]
+    else:
+        out[:, mine] = grad[:, mine]
+    return out
+
+
+@check_for("21", "tensor-parallel output and gradients match the unsplit block", points=2,
+           parts=("21.6", "21.7", "21.8"))
+def tp_matches_unsplit(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns, "tp")
+    want = _unsplit(cfg)
+    hint = ("columns [r*h/world, (r+1)*h/world) of the first Linear (rows of its weight), GELU, the same rows of the "
+            "second's input (columns of its weight), SumInForward over the partial outputs, then the bias once; "
+            "SumInBackward on the input so its gradient is summed; slice block's weights (views), do not copy them")
+    for rank, record in enumerate(ranks):
+        for what, got, expected in (("output", record["out"], want["out"]),
+                                    ("input gradient", record["x_grad"], want["x_grad"])):
+            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
+                                                                                 atol=TP_TOLERANCE):
+                raise CheckFailed(f"rank {rank}: the {what} differs from the unsplit block's", hint=hint,
+                                  expected=f"{tuple(expected.shape)} within {TP_TOLERANCE:g}",
+                                  got="no gradient" if got is None else _gap(got, expected))
+        for name, grad in want["grads"].items():
+            expected, got = _share(name, grad, rank), record["grads"].get(name)
+            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
+                                                                                 atol=TP_TOLERANCE):
+                raise CheckFailed(
+                    f"rank {rank}: block[{name.replace('.', '].')}'s gradient is not the unsplit block's on this "
+                    "rank's slice (zeros elsewhere)", hint=hint, expected=f"{tuple(expected.shape)} within "
+                    f"{TP_TOLERANCE:g}", got="no gradient" if got is None else _gap(got, expected))
+
+
+@check_for("21", "one activation-sized all-reduce in forward, one in backward", points=1,
+           parts=("21.6", "21.7", "21.8"))
+def tp_messages(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns, "tp")
+    shape = (cfg["tp"]["batch"], cfg["tp"]["tokens"], cfg["tp"]["d"])
+    nbytes = 4 * shape[0] * shape[1] * shape[2]
+    for rank, record in enumerate(ranks):
+        if tuple(record["out"].shape) != shape:
+            raise CheckFailed(f"rank {rank}: tp_mlp returned the wrong shape", expected=shape,
+                              got=tuple(record["out"].shape))
+        for direction in ("forward", "backward"):
+            if record[direction] != [["all_reduce", nbytes]]:
+                raise CheckFailed(
+                    f"rank {rank}: the block's {direction} should send exactly one all-reduce of the activations",
+                    hint="SumInForward all-reduces in forward only, SumInBackward in backward only; nothing else "
+                         "communicates",
+                    expected=f"[['all_reduce', {nbytes}]] ({shape} float32)", got=record[direction])
