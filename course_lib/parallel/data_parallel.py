@@ -63,6 +63,16 @@ def allreduce_gradients(model: nn.Module) -> None:
             param.grad.div_(world)
 
 
+@contextlib.contextmanager
+def _no_sync(hooks: Any) -> Iterator[None]:
+    """While active, the gradient hooks of ``hooks`` (an OverlappedDP or BucketedDP) launch nothing."""
+    hooks._sync = False
+    try:
+        yield
+    finally:
+        hooks._sync = True
+
+
 class OverlappedDP:
     """One async all-reduce per parameter, launched from backward the moment that parameter's gradient is ready.
 
@@ -98,14 +108,9 @@ class OverlappedDP:
     def launched(self) -> int:
         return len(self._pending)
 
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
         """Backward passes inside only accumulate gradients locally; the next one outside all-reduces the sum."""
-        self._sync = False
-        try:
-            yield
-        finally:
-            self._sync = True
+        return _no_sync(self)
 
     def finish(self) -> None:
         """Wait for every all-reduce of this step and divide by the world size. Call before ``optimizer.step()``."""
@@ -222,14 +227,9 @@ class BucketedDP:
         if bucket.ready == len(bucket.params):  # its last gradient: send the bucket now, backward goes on
             bucket.launch()
 
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
         """Backward passes inside only accumulate gradients locally; the next one outside all-reduces the sum."""
-        self._sync = False
-        try:
-            yield
-        finally:
-            self._sync = True
+        return _no_sync(self)
 
     def finish(self) -> None:
         """Send the buckets still waiting (a parameter that got no gradient), wait for all, copy averages back."""

@@ -8,36 +8,13 @@ Every row costs one two-process run (two fresh interpreters): keep the table sho
 
 from __future__ import annotations
 
-import linecache
-import textwrap
-from pathlib import Path
-
-from course_lib.grading import notebook
-from course_lib.grading.api import CELL_ERRORS, CheckResult
-from course_lib.grading.inprocess import observe_and_judge
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _cells() -> tuple[list[str], str]:
-    nb = notebook.read(REPO / "solutions" / "11_ddp.ipynb")
-    setup = ["".join(c["source"]) for c in nb["cells"] if "setup" in c.get("metadata", {}).get("tags", [])]
-    (exercise,) = ["".join(c["source"]) for c in nb["cells"]
-                   if "exercise" in c.get("metadata", {}).get("tags", [])]
-    return setup, exercise
+from course_lib.grading.api import CheckResult
+from variant_tables import judge_cell_edit
 
 
 def judge(number: str, code: str, only: str = "") -> dict[str, CheckResult]:
     """The solution's set-up cell, then its exercise cell with ``code`` appended, judged as the grader does."""
-    setup, exercise = _cells()
-    ns: dict = {"__name__": "__main__", CELL_ERRORS: []}
-    for source in setup:
-        exec(compile(source, "<setup>", "exec"), ns)
-    cell = exercise + "\n\n" + textwrap.dedent(code)
-    filename = f"<exercise 11 variant {abs(hash(code)):x}>"
-    linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)  # as Jupyter registers a cell
-    exec(compile(cell, filename, "exec"), ns)
-    return {r.name: r for r in observe_and_judge(number, ns, only)}
+    return judge_cell_edit(number, "11_ddp.ipynb", code, only)
 
 
 def _train(*, sampler: str = "DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, "
