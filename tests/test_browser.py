@@ -293,6 +293,12 @@ def check_answer_opens_what_was_held(page, name: str, measured_marker: str) -> N
 
 def save_and_reopen(page, server, path: str) -> None:
     """Save the open notebook (outputs and widget state), then open it again as a learner would the next day."""
+    # A kernel still handling widget messages (an answer's handler closing and creating widgets) may close a model
+    # between the save of the widget state and that of the outputs: wait until it is idle, as a learner's save is.
+    page.wait_for_function("""() => {
+        const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel;
+        return !kernel || kernel.status === 'idle';
+    }""", timeout=60_000)
     page.evaluate("async () => { await window.jupyterapp.commands.execute('docmanager:save'); }")
     page.wait_for_function(
         "() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
