@@ -66,6 +66,28 @@ main = sys.modules["__main__"]
 if hasattr(main, "run_check"):
     main.run_check = api.run_check
 """,
+    # Looks for the run's seed everywhere a loading notebook can read (the command line, the grader's module, the
+    # environment) and writes the observations the toy's checks would record for the inputs drawn from it.
+    "seed_at_load": """
+import os, re, sys, torch
+import course_lib.grading.api as api
+text = " ".join(sys.argv) + " " + open("/proc/self/cmdline", "rb").read().decode(errors="replace").replace("\\0", " ")
+found = re.findall(r"--seed\\s+(\\d+)", text) + [str(api._run_seed)] + [v for k, v in os.environ.items() if "SEED" in k]
+seed = int(found[0])
+out = "/grading" if os.path.isdir("/grading") else re.findall(r"\\S*observations", text)[0]
+torch.save([{"key": "_double", "value": 2 * (21 + seed % 1_000_000)}], os.path.join(out, "observations-0.pt"))
+torch.save([{"key": "_half", "value": (9 + seed % 100_000) / 2}], os.path.join(out, "observations-1.pt"))
+os._exit(0)
+""",
+    # Says "ready" on every descriptor it can write to, to be sent the seed before its functions are called.
+    "steal_the_seed_channel": """
+import os
+for fd in range(3, 64):
+    try:
+        os.write(fd, b"ready\\n")
+    except OSError:
+        pass
+""",
     # Prints lines that look like results, then exits with success.
     "fake_stdout": """
 import os
@@ -213,6 +235,19 @@ def test_exiting_before_the_checks_scores_zero(graded_class: dict) -> None:
         assert "ended early" in graded_class["rows"][name]["status"]
     # Observations forged with answers worked out in advance do not match this run's inputs.
     assert graded_class["rows"]["forge_observations"]["ex90"] == "0"
+
+
+def test_the_seed_cannot_be_read_while_the_notebook_loads(graded_class: dict) -> None:
+    """The seed reaches the worker only after the cells have run: forging from it at load time scores nothing."""
+    row = graded_class["rows"]["seed_at_load"]
+    assert row["ex90"] == "0", row  # its observations answer the inputs of another seed
+
+
+def test_speaking_on_the_graders_channel_is_refused(graded_class: dict) -> None:
+    row = graded_class["rows"]["steal_the_seed_channel"]
+    assert (row["ex90"], row["status"]) == ("0", "ex90 interfered with grading"), row
+    feedback = (graded_class["feedback"] / "steal_the_seed_channel" / "feedback.txt").read_text()
+    assert "grader's own channel" in feedback
 
 
 def test_observations_replayed_from_an_earlier_run_score_zero(graded_class: dict) -> None:

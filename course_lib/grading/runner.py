@@ -19,12 +19,14 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from course_lib.grading import notebook, sandbox
 from course_lib.grading.api import Check, CheckResult, Replay, checks_for, normalise_exercise, printable, run_check
 from course_lib.grading.notebook import NOTEBOOK_NAME
 from course_lib.grading.reference_use import reference_uses
-from course_lib.grading.worker import observations_file
+from course_lib.grading.worker import READY, observations_file
 
 DEFAULT_TIMEOUT_S = 300.0
 _PACKAGE_ROOT = Path(course_lib.__file__).resolve().parents[1]
@@ -46,6 +48,7 @@ _PACKAGE_ROOT = Path(course_lib.__file__).resolve().parents[1]
 # Grading status of one notebook (a CSV column).
 GRADED, TIMED_OUT, ENDED_EARLY, INVALID, MISSING = "graded", "timed out", "ended early", "invalid notebook", "missing"
 REFUSED = "refused (a link)"
+INTERFERED = "interfered with grading"
 
 
 @dataclass
@@ -159,15 +162,20 @@ def _data_dirs() -> list[Path]:
 
 
 def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path], *, timeout_s: float,
-             threads: int, limits: sandbox.Limits, workdir: Path, seed: int) -> tuple[int | None, Path, Path]:
-    """Run the worker on a scratch copy of ``path``; return (exit code or None on timeout, out dir, log)."""
+             threads: int, limits: sandbox.Limits, workdir: Path, seed: int) -> tuple[int | None, Path, Path, bytes]:
+    """Run the worker on a scratch copy of ``path``; return (exit code or None on timeout, out dir, log, what the
+    child said on the ready pipe: exactly ``READY`` from an undisturbed worker that got as far as the checks)."""
     scratch, out_dir = workdir / "scratch", workdir / "observations"
     scratch.mkdir()
     out_dir.mkdir()
     copy = scratch / Path(path).name
     shutil.copyfile(path, copy)
     log_file = workdir / "output.log"
-    argv = [sys.executable, "-m", "course_lib.grading.worker", str(copy), number, str(out_dir), "--seed", str(seed)]
+    seed_read, seed_write = os.pipe()  # the seed goes down this one once the notebook has loaded ...
+    ready_read, ready_write = os.pipe()  # ... which the worker says on this one
+    pipe = _Pipes([seed_read, seed_write, ready_read, ready_write])
+    argv = [sys.executable, "-m", "course_lib.grading.worker", str(copy), number, str(out_dir),
+            "--channel", f"{seed_read},{ready_write}"]
     for directory in extra_dirs:
         argv += ["--extra", str(directory)]
     command, inside = sandbox.command(argv, scratch=scratch, out_dir=out_dir, package_root=_PACKAGE_ROOT,
@@ -177,22 +185,66 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
         env.update(HOME=inside(str(scratch)), PYTHONPATH=sandbox.PACKAGE_ROOT, TMPDIR="/tmp")
     else:
         env.update(HOME=str(scratch), TMPDIR=str(scratch))
-    with open(log_file, "wb") as log:
-        proc = subprocess.Popen(command, cwd=scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=sandbox.set_limits(limits))
-        try:
-            returncode: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            returncode = None
-        finally:
-            # The whole group (and with bubblewrap, the whole PID namespace goes with it).
+    heard = b""
+    try:
+        with open(log_file, "wb") as log:
+            proc = subprocess.Popen(command, cwd=scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    pass_fds=(seed_read, ready_write), preexec_fn=sandbox.set_limits(limits))
+            pipe.close(seed_read, ready_write)  # the child's ends
+            deadline = time.monotonic() + timeout_s
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-    return returncode, out_dir, log_file
+                heard = _hand_over_seed(proc, pipe, ready_read, seed_write, seed, deadline)
+                returncode: int | None = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                returncode = None
+            finally:
+                # The whole group (and with bubblewrap, the whole PID namespace goes with it).
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait()
+    finally:
+        pipe.close_all()
+    return returncode, out_dir, log_file, heard
+
+
+class _Pipes:
+    """File descriptors closed exactly once (grading runs in threads: a second close could hit another's fd)."""
+
+    def __init__(self, fds: list[int]) -> None:
+        self.open = set(fds)
+
+    def close(self, *fds: int) -> None:
+        for fd in fds:
+            if fd in self.open:
+                self.open.discard(fd)
+                os.close(fd)
+
+    def close_all(self) -> None:
+        self.close(*list(self.open))
+
+
+def _hand_over_seed(proc: subprocess.Popen, pipe: _Pipes, ready_read: int, seed_write: int, seed: int,
+                    deadline: float) -> bytes:
+    """Send ``seed`` (then close its pipe) when the child says ``ready``; keep listening until the child ends or
+    the deadline, and return all it said (at most 1 KiB). Listening to the end is how interference is seen: a
+    notebook that said ``ready`` itself while loading, to learn the seed early, makes the worker say it twice."""
+    heard = b""
+    while (remaining := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([ready_read], [], [], min(remaining, 0.5))
+        if readable:
+            chunk = os.read(ready_read, 1024)
+            if not chunk:  # every holder of the write end is gone: the child has ended
+                break
+            heard = (heard + chunk)[:1024]
+            if READY in heard and seed_write in pipe.open:
+                os.write(seed_write, f"{seed}\n".encode())
+                pipe.close(seed_write)  # a second reader gets nothing: the worker fails rather than waits
+        elif proc.poll() is not None:
+            break
+    return heard
 
 
 # What one check's observations may decode to: the file's size is capped by the sandbox, but a tensor's shape and
@@ -257,9 +309,16 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
     workdir = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-"))
     seed = secrets.randbelow(2**31)
     try:
-        returncode, out_dir, log_file = _observe(Path(path), number, checks, extra_dirs, timeout_s=timeout_s,
-                                                 threads=threads, limits=limits, workdir=workdir, seed=seed)
+        returncode, out_dir, log_file, heard = _observe(Path(path), number, checks, extra_dirs, timeout_s=timeout_s,
+                                                        threads=threads, limits=limits, workdir=workdir, seed=seed)
         tail = _tail(log_file)
+        if heard not in (b"", READY):  # only the worker speaks on that pipe, once: the notebook's code did too
+            why = ("the notebook's code wrote to or read from the grader's own channel while it loaded (to learn "
+                   "the inputs of the checks early?): nothing it recorded is judged")
+            return NotebookGrade(number, [failed_result(c, why, "remove the code that touches the grader's file "
+                                                         "descriptors") for c in checks], INTERFERED,
+                                 uses_reference=uses, output_tail=tail, seed=seed,
+                                 observations=[None] * len(checks))
         if returncode is None:
             status = TIMED_OUT
             missing = f"timed out after {timeout_s:g} s before this check finished"

@@ -1,8 +1,11 @@
 """The child side of grading: load one notebook's code, run its checks, record only *observations*.
 
-``python -m course_lib.grading.worker NOTEBOOK EXERCISE OUT_DIR [--extra DIR ...] [--seed N]``
+``python -m course_lib.grading.worker NOTEBOOK EXERCISE OUT_DIR --channel SEED_FD,READY_FD [--extra DIR ...]``
 
 It runs inside the sandbox (:mod:`course_lib.grading.sandbox`) started by :mod:`course_lib.grading.runner`.
+The run's seed (which the checks draw their inputs from) is not on the command line, in the environment or in
+any module while the notebook's cells load: once they have run, the worker writes ``ready`` on ``READY_FD`` and
+the grader answers with the seed on ``SEED_FD`` (see the threat model in ``docs/grading.md``).
 For check ``i`` it writes ``OUT_DIR/observations-i.pt``: the list of values the check's
 :func:`~course_lib.grading.api.observe` calls got from the learner's code (or the exception they raised),
 saved with ``torch.save``. Nothing here decides a verdict: the parent reads these files with
@@ -18,7 +21,7 @@ import linecache
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,31 @@ def load_namespace(nb: dict[str, Any]) -> dict[str, Any]:
     return ns
 
 
+class ChannelError(RuntimeError):
+    """The seed channel was read or closed by someone other than this worker."""
+
+
+READY = b"ready\n"  # the one message a worker sends the grader
+
+
+def receive_seed(channel: str, read: Callable[[int, int], bytes], write: Callable[[int, bytes], int]) -> int:
+    """Say ``ready`` to the grader and read the seed it answers with (``read``/``write`` were taken before any
+    learner code ran, so a notebook that replaces ``os.read`` does not see this)."""
+    seed_fd, ready_fd = (int(fd) for fd in channel.split(","))
+    write(ready_fd, READY)
+    data = b""
+    while not data.endswith(b"\n") and len(data) < 32:
+        chunk = read(seed_fd, 32)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        return int(data.strip())
+    except ValueError:
+        raise ChannelError("the grader's seed never arrived: did the notebook read the grader's channel?") from None
+
+
+
 def _save(records: list[dict[str, Any]], path: Path) -> None:
     atomic.torch_save(records, path)  # the parent sees a whole file or none
 
@@ -58,9 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("exercise")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--extra", type=Path, action="append", default=[])
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--channel", required=True, help="SEED_FD,READY_FD from the grader")
     args = parser.parse_args(argv)
-    api.set_run_seed(args.seed)
+    # Taken before the notebook's code runs: replacing os.read or this module's function cannot reach these.
+    read, write, receive, set_seed = os.read, os.write, receive_seed, api.set_run_seed
     checks = checks_for(args.exercise, args.extra)  # imported before any learner code runs
     try:
         nb = notebook.read(args.notebook)
@@ -68,6 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 3
     ns = load_namespace(nb)
+    try:
+        set_seed(receive(args.channel, read, write))
+    except (ChannelError, OSError, ValueError) as exc:
+        print(f"grading stopped: {exc}", file=sys.stderr)
+        return 4
     for index, check in enumerate(checks):
         records = api.start_recording()
         try:
