@@ -444,9 +444,21 @@ def check_for(exercise: str | int, name: str, points: int = 1,
     return register
 
 
+# Set by the grading worker: shown every object a check takes from the learner's namespace (is it a reference?).
+_taken_hook: Callable[[Any], None] | None = None
+
+
+def watch_taken(hook: Callable[[Any], None] | None) -> None:
+    """Worker side: call ``hook(value)`` for every value :func:`need` returns."""
+    global _taken_hook
+    _taken_hook = hook
+
+
 def need(ns: Mapping[str, Any], name: str, how: str | None = None) -> Any:
     """Return ``ns[name]`` or fail with "define ..." (mentioning a cell that stopped early, if any)."""
     if name in ns:
+        if _taken_hook is not None:
+            _taken_hook(ns[name])
         return ns[name]
     message = how or f"define `{name}` in the exercise cell"
     errors = ns.get(CELL_ERRORS) or []

@@ -2,16 +2,33 @@
 
 Several exercises ask for a function that ``course_lib`` ships (the reference the checks compare with).
 Calling it passes the checks without doing the exercise, so the grader *flags* it (a CSV column, a line
-in ``check`` output) instead of hiding it. Detection reads the code of the cells tagged ``exercise``
-(parsed, not run): ``from course_lib.x import name``, ``import course_lib.x as m; m.name(...)`` and
-``course_lib.x.name`` all count. It is a flag for a person to look at, not a score.
+in ``check`` output) instead of hiding it. It is a flag for a person to look at, not a score. Two detectors:
+
+* by spelling (:func:`reference_uses`, in the grader): the code of the cells tagged ``exercise``, parsed, not run:
+  ``from course_lib.x import name``, ``import course_lib.x as m; m.name(...)`` and ``course_lib.x.name``;
+* by what runs (:class:`Watch`, in the grading worker, whatever the spelling: ``importlib``, ``getattr``, a copy):
+  before the notebook loads, the code of every reference function (and of every function of the exercise's own
+  check module) is replaced by a trampoline that notes the call when the nearest caller outside torch, numpy and
+  Python's own library is the learner's code, then runs the original; every object a check takes from the
+  learner's namespace (:func:`~course_lib.grading.api.need`) is also compared with the references (an alias, a
+  subclass, a ``functools.partial``, a copy of the function).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import os
+import sys
+import sysconfig
+import types
+from collections.abc import Iterable
 from typing import Any
 
+import torch
+
+import course_lib
 from course_lib.grading import notebook
 
 # Exercise -> the course_lib functions it asks the learner to write (dotted paths).
@@ -36,6 +53,8 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "17": ("course_lib.grading.challenge_judge.train_reference",),
     "15": ("course_lib.perf.checkpointing.count_saved_bytes", "course_lib.perf.checkpointing.checkpointed_forward"),
     "16": ("course_lib.perf.memory_format.to_channels_last", "course_lib.perf.threads.intra_op_threads"),
+    "08": ("course_lib.train.loop.optimizer_step", "course_lib.train.accumulate.backward_group",
+           "course_lib.train.accumulate.backward_one"),
     "18": ("course_lib.perf.compare.decide", "course_lib.perf.compare.choose_quantity",
            "course_lib.perf.compare.verdict_from_times", "course_lib.perf.compare.compare"),
     "19": ("course_lib.perf.anatomy.step_flops", "course_lib.perf.anatomy.counted_step_flops",
@@ -120,3 +139,140 @@ def reference_uses(nb: dict[str, Any], exercise: str) -> list[str]:
     setup = "\n".join(code for _, code, tags in cells if "setup" in tags)
     exercise_code = "\n".join(code for _, code, tags in cells if "setup" not in tags)
     return uses_in_code(exercise_code, references, context=setup)
+
+
+# ---------------------------------------------------------------- by what runs
+
+_COURSE = os.path.dirname(os.path.abspath(course_lib.__file__)) + os.sep
+# Frames skipped when looking for who called: the standard library (a map(), a Thread, a partial) and installed
+# packages (torch calling a module's forward), never the notebook's folder.
+_LIBRARY = tuple(sorted({os.path.abspath(p) + os.sep for p in (
+    *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+    os.path.dirname(os.path.dirname(torch.__file__)))}))
+_DISPATCH = "__course_reference_call__"
+
+
+def _resolve(dotted: str) -> Any:
+    module_name, _, attribute = dotted.rpartition(".")
+    while module_name:
+        try:
+            module = importlib.import_module(module_name)
+            break
+        except ImportError:  # a class attribute: course_lib.x.Class.method
+            module_name, _, outer = module_name.rpartition(".")
+            attribute = f"{outer}.{attribute}"
+    else:
+        return None
+    value: Any = module
+    for part in attribute.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def _functions(value: Any) -> list[types.FunctionType]:
+    """The Python functions whose code running means ``value`` is used (a class: its own methods)."""
+    if isinstance(value, types.FunctionType):
+        return [value]
+    if isinstance(value, type):
+        found = []
+        for member in vars(value).values():
+            member = getattr(member, "__func__", member)  # staticmethod, classmethod
+            if isinstance(member, property):
+                found += [f for f in (member.fget, member.fset) if isinstance(f, types.FunctionType)]
+            elif isinstance(member, types.FunctionType):
+                found.append(member)
+        return found
+    return []
+
+
+def _trampoline(function: types.FunctionType, key: int) -> types.CodeType:
+    """Code with ``function``'s free variables (so it can replace its ``__code__``) that hands every call to the
+    watch's dispatcher, looked up in the function's own module globals."""
+    free = function.__code__.co_freevars
+    lines = ["def _outer():", *[f"    {name} = None" for name in free], "    def _inner(*args, **kwargs):"]
+    if free:
+        lines.append(f"        {', '.join(free)}")
+    lines += [f"        return {_DISPATCH}({key}, args, kwargs)", "    return _inner"]
+    scope: dict[str, Any] = {}
+    exec(compile("\n".join(lines), f"<reference watch of {function.__qualname__}>", "exec"), scope)
+    code = scope["_outer"]().__code__
+    names = {"co_name": function.__code__.co_name}
+    if hasattr(code, "co_qualname"):  # Python 3.11+
+        names["co_qualname"] = function.__code__.co_qualname
+    return code.replace(**names)
+
+
+def _learner_called(frame: types.FrameType | None) -> bool:
+    """Whether the nearest caller outside the libraries is the learner's code (not the course's)."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_COURSE):
+            return False
+        if not filename.startswith(_LIBRARY) and not filename.startswith("<frozen "):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Watch:
+    """Notes every reference of one exercise that the learner's code calls or hands to a check (:attr:`used`)."""
+
+    def __init__(self, exercise: str, modules: Iterable[str] = ()) -> None:
+        self.used: set[str] = set()
+        self._watched: list[tuple[str, types.FunctionType, types.FunctionType]] = []  # name, patched, original
+        self._classes: dict[type, str] = {}
+        targets = [(dotted, _resolve(dotted)) for dotted in REFERENCES.get(exercise, ())]
+        for module_name in modules:  # the grader's own helpers
+            targets += [(f"{module_name}.{name}", value) for name, value in vars(sys.modules[module_name]).items()
+                        if isinstance(value, types.FunctionType) and value.__module__ == module_name]
+        for dotted, value in targets:
+            if isinstance(value, type):
+                self._classes[value] = dotted
+            for function in _functions(value):
+                if all(function is not patched for _, patched, _ in self._watched):
+                    self._patch(function, dotted)
+
+    def _patch(self, function: types.FunctionType, dotted: str) -> None:
+        if function.__code__.co_filename.startswith("<reference watch"):
+            raise RuntimeError(f"{dotted} is watched already: restore() the other Watch first")
+        original = types.FunctionType(function.__code__, function.__globals__, function.__name__,
+                                      function.__defaults__, function.__closure__)
+        for attribute in ("__kwdefaults__", "__qualname__", "__annotations__", "__doc__", "__module__"):
+            setattr(original, attribute, getattr(function, attribute))
+        try:
+            function.__signature__ = inspect.signature(function)  # introspection of the patched one stays true
+        except (TypeError, ValueError):
+            pass
+        function.__globals__[_DISPATCH] = self._dispatch
+        function.__code__ = _trampoline(function, len(self._watched))
+        self._watched.append((dotted, function, original))
+
+    def _dispatch(self, key: int, args: tuple, kwargs: dict) -> Any:
+        dotted, _, original = self._watched[key]
+        if _learner_called(sys._getframe(2)):  # 0: here, 1: the trampoline, 2: its caller
+            self.used.add(dotted)
+        return original(*args, **kwargs)
+
+    def taken(self, value: Any) -> None:
+        """A check took ``value`` from the learner's namespace: note it if it is, or is made from, a reference
+        (the function itself, a copy of its code, a bound method, a ``partial``, a subclass or an instance)."""
+        for inner in (value, getattr(value, "func", None), getattr(value, "__func__", None), type(value)):
+            code = getattr(inner, "__code__", None)
+            for dotted, function, _ in self._watched:
+                if inner is function or (code is not None and code is function.__code__):
+                    self.used.add(dotted)
+            if isinstance(inner, type) and inner is not type:
+                self.used.update(dotted for cls, dotted in self._classes.items() if issubclass(inner, cls))
+
+    def restore(self) -> None:
+        """Put every original code back (for grading in a process that goes on, such as a test's)."""
+        for _, function, original in self._watched:
+            function.__code__ = original.__code__
+            function.__dict__.pop("__signature__", None)
+
+
+def watched_modules(exercise: str) -> list[str]:
+    """The grader's own check modules of ``exercise`` (loaded already)."""
+    prefix = f"course_lib.grading.checks.ex{exercise}_"
+    return [name for name in sys.modules if name.startswith(prefix)]
+

@@ -16,6 +16,7 @@ every check gets a :class:`CheckResult`, and a forged or missing observation can
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -39,8 +40,8 @@ import course_lib
 from course_lib.grading import notebook, sandbox
 from course_lib.grading.api import Check, CheckResult, Replay, checks_for, normalise_exercise, printable, run_check
 from course_lib.grading.notebook import NOTEBOOK_NAME
-from course_lib.grading.reference_use import reference_uses
-from course_lib.grading.worker import READY, observations_file
+from course_lib.grading.reference_use import REFERENCES, reference_uses
+from course_lib.grading.worker import READY, observations_file, reference_calls_file
 
 DEFAULT_TIMEOUT_S = 300.0
 _PACKAGE_ROOT = Path(course_lib.__file__).resolve().parents[1]
@@ -247,6 +248,18 @@ def _hand_over_seed(proc: subprocess.Popen, pipe: _Pipes, ready_read: int, seed_
     return heard
 
 
+def _seen_using(out_dir: Path, number: str) -> list[str]:
+    """The references the worker saw the learner's code use (names the worker may report, nothing else)."""
+    data = _read_capped(reference_calls_file(out_dir), 64 << 10)
+    try:
+        names = json.loads(data) if data else []
+    except ValueError:
+        return []
+    own_helpers = f"course_lib.grading.checks.ex{number}_"
+    return [n for n in names if isinstance(n, str) and (n in REFERENCES.get(number, ()) or n.startswith(own_helpers))
+            ][:50] if isinstance(names, list) else []
+
+
 # What one check's observations may decode to: the file's size is capped by the sandbox, but a tensor's shape and
 # strides are only numbers in it (a 2.6 KB file of zero-stride views decoded to 1.3 GB once a judge touched it).
 MAX_OBSERVED_ELEMENTS = 1 << 24  # 64 MiB of float32 over all tensors of one check: far above what any check records
@@ -312,6 +325,7 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
         returncode, out_dir, log_file, heard = _observe(Path(path), number, checks, extra_dirs, timeout_s=timeout_s,
                                                         threads=threads, limits=limits, workdir=workdir, seed=seed)
         tail = _tail(log_file)
+        uses = sorted(set(uses) | set(_seen_using(out_dir, number)))
         if heard not in (b"", READY):  # only the worker speaks on that pipe, once: the notebook's code did too
             why = ("the notebook's code wrote to or read from the grader's own channel while it loaded (to learn "
                    "the inputs of the checks early?): nothing it recorded is judged")

@@ -17,6 +17,7 @@ the judgement of them. Learner output goes to stdout/stderr, of which the parent
 from __future__ import annotations
 
 import argparse
+import json
 import linecache
 import os
 import sys
@@ -26,12 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from course_lib import atomic
-from course_lib.grading import api, notebook
+from course_lib.grading import api, notebook, reference_use
 from course_lib.grading.api import CELL_ERRORS, checks_for
 
 
 def observations_file(out_dir: Path, index: int) -> Path:
     return Path(out_dir) / f"observations-{index}.pt"
+
+
+def reference_calls_file(out_dir: Path) -> Path:
+    """The references the learner's code was seen using (:class:`~course_lib.grading.reference_use.Watch`)."""
+    return Path(out_dir) / "reference-calls.json"
 
 
 def load_namespace(nb: dict[str, Any]) -> dict[str, Any]:
@@ -91,12 +97,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Taken before the notebook's code runs: replacing os.read or this module's function cannot reach these.
     read, write, receive, set_seed = os.read, os.write, receive_seed, api.set_run_seed
     checks = checks_for(args.exercise, args.extra)  # imported before any learner code runs
+    watch = reference_use.Watch(args.exercise, reference_use.watched_modules(args.exercise))
+    api.watch_taken(watch.taken)
     try:
         nb = notebook.read(args.notebook)
     except notebook.NotebookError as exc:  # the parent has read it already; report and stop
         print(exc, file=sys.stderr)
         return 3
     ns = load_namespace(nb)
+    if watch.used:
+        atomic.write_bytes(reference_calls_file(args.out_dir), json.dumps(sorted(watch.used)).encode())
     try:
         set_seed(receive(args.channel, read, write))
     except (ChannelError, OSError, ValueError) as exc:
@@ -116,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _save(records, observations_file(args.out_dir, index))
         except Exception as exc:  # e.g. the output limit: this check has no observations
             print(f"could not save the observations of check {index}: {exc}", file=sys.stderr)
+        if watch.used:  # after every check: a notebook that exits later cannot take back what was seen
+            atomic.write_bytes(reference_calls_file(args.out_dir), json.dumps(sorted(watch.used)).encode())
     sys.stdout.flush()
     sys.stderr.flush()
     return 0
