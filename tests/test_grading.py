@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading import build, gradebook, notebook
+from course_lib.grading import build, gradebook, notebook, sandbox
 from course_lib.grading.api import Check, CheckFailed, call, check_for, observe, run_check
 from course_lib.grading.grade import main as grade_main
 from course_lib.grading.runner import grade_notebook
@@ -242,6 +243,20 @@ def test_grade_a_class_folder(tmp_path: Path, extra: Path) -> None:
     report = (tmp_path / "grades-regrade.txt").read_text()
     assert "ada ex90: 3 -> 2  ('doubles' now failed)" in report, report
     assert "1 of 6 student(s) changed" in report and gradebook.grader_version([extra]) in report
+
+
+@pytest.mark.skipif(not (sandbox.find_bwrap()[0] and os.geteuid() == 0 and shutil.which("setpriv")),
+                    reason="only graded as root with bubblewrap does the sandbox drop to nobody")
+def test_checks_nobody_can_read_are_refused_before_grading_as_root(tmp_path: Path, extra: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    toy_notebook(tmp_path / "class" / "ada" / "90_toy.ipynb")
+    extra.chmod(0o700)
+    with pytest.raises(SystemExit) as stop:
+        grade_main([str(tmp_path / "class"), "--out", str(tmp_path / "g.csv"), "--exercises", "90",
+                    "--extra-tests", str(extra)])
+    assert stop.value.code == 2
+    assert f"chmod -R o+rX {extra}" in capsys.readouterr().err
+    assert not (tmp_path / "g.csv").exists()
 
 
 def test_grade_rejects_a_missing_folder(tmp_path: Path) -> None:

@@ -148,6 +148,15 @@ line = "x" * 1023 + "\\n"
 for _ in range(300 * 1024):
     sys.stdout.write(line)
 """,
+    # Reads a file only root may read, inside a folder the sandbox mounts (the instructor's), and hands it back as its
+    # answer, where the feedback would show it.
+    "read_root_only": """
+try:
+    secret = open("{secret}").read()
+    double = lambda x: secret
+except OSError:
+    pass
+""",
     "read_classmate": """
 import glob
 stolen = [open(p).read() for p in glob.glob("{subs}/ada/*.ipynb")]
@@ -155,6 +164,9 @@ if stolen:
     raise SystemExit("read a classmate's notebook")
 """,
 }
+
+
+ROOT_ONLY_TEXT = "course-root-only-secret-5f1c"
 
 
 # Writes the observation files an earlier grading run recorded for a correct notebook (base64), then leaves.
@@ -182,6 +194,9 @@ def graded_class(tmp_path_factory: pytest.TempPathFactory) -> dict:
     instructor = root / "instructor"
     instructor.mkdir()
     (instructor / "toy_checks.py").write_text(TOY_CHECKS)
+    secret = instructor / "root-only.txt"
+    secret.write_text(ROOT_ONLY_TEXT)
+    secret.chmod(0o600)
     subs, out = root / "class", root / "grades.csv"
     toy_notebook(subs / "ada" / "90_toy.ipynb")  # the honest classmate: 3/3
     honest_copy = (subs / "ada" / "90_toy.ipynb").read_bytes()
@@ -203,7 +218,7 @@ def graded_class(tmp_path_factory: pytest.TempPathFactory) -> dict:
     _hostile_toy(subs / "replay_previous_run" / "90_toy.ipynb", REPLAY.format(saved=saved))
     hostile = {**FORGERIES, **SANDBOXED_FORGERIES, **ESCAPES} if SANDBOXED else FORGERIES
     for name, code in hostile.items():
-        code = code.replace("{subs}", str(subs)).replace("{csv}", str(out))
+        code = code.replace("{subs}", str(subs)).replace("{csv}", str(out)).replace("{secret}", str(secret))
         _hostile_toy(subs / name / "90_toy.ipynb", code)
     before = {p: p.read_bytes() for p in subs.glob("*/*.ipynb")}
     Path("/tmp/course-hostile-marker").unlink(missing_ok=True)
@@ -270,6 +285,15 @@ def test_no_side_effect_escapes_the_sandbox(graded_class: dict) -> None:
     assert not graded_class["changed"], "grading changed submitted notebooks"
     # Reading a classmate's notebook was impossible, so that submission was not stopped by its own check.
     assert graded_class["rows"]["read_classmate"]["ex90"] == "2"
+
+
+@pytest.mark.skipif(not SANDBOXED, reason="needs bubblewrap: " + sandbox.describe())
+def test_graded_as_root_the_notebook_cannot_read_root_only_files(graded_class: dict) -> None:
+    """The sandbox's user is nobody on the host too (not root mapped into a user namespace)."""
+    row = graded_class["rows"]["read_root_only"]
+    feedback = (graded_class["feedback"] / "read_root_only" / "feedback.txt").read_text()
+    assert ROOT_ONLY_TEXT not in feedback and ROOT_ONLY_TEXT not in graded_class["out"].read_text()
+    assert row["ex90"] == "2", row  # double stayed wrong (3 * x): the secret was never read
 
 
 @pytest.mark.skipif(not SANDBOXED, reason="needs bubblewrap: " + sandbox.describe())

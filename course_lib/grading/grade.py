@@ -281,6 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_extra_checks(directory)  # fail now, with the file at fault, not inside every worker
     except (ValueError, FileNotFoundError, SyntaxError, ImportError) as exc:
         parser.error(str(exc))
+    unreadable = sandbox.unreadable_for_worker(extra_dirs)
+    if unreadable:
+        parser.error(unreadable)
     feedback = args.feedback or args.out.with_name(args.out.stem + "-feedback")
     problem = _output_problem(args.out, feedback)
     if problem:  # before any grading: a class's worth of work is not lost to a CSV that cannot be written

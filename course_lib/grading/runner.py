@@ -171,6 +171,7 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
     out_dir.mkdir()
     copy = scratch / Path(path).name
     shutil.copyfile(path, copy)
+    sandbox.give_to_worker(scratch, out_dir, copy)
     log_file = workdir / "output.log"
     seed_read, seed_write = os.pipe()  # the seed goes down this one once the notebook has loaded ...
     ready_read, ready_write = os.pipe()  # ... which the worker says on this one

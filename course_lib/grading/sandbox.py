@@ -7,6 +7,12 @@ and one writable folder for its observations. It has no network, its own PID nam
 outlives it; it cannot see or signal the grader), no capabilities and an unprivileged user id. Other
 students' folders, the submissions and the CSV are simply not there.
 
+Graded as root, a user namespace would map the sandbox's user to root on the host, and root-only files inside the
+read-only mounts would be readable. So as root ``bwrap`` runs without a user namespace (root may create the other
+namespaces itself) and the worker is started through ``setpriv`` as ``nobody`` (65534) with no capabilities, no
+bounding set and ``no_new_privs``; the folders bwrap creates to mount things in are made ``0755`` so that user can
+reach the interpreter (which may live under ``/root``), and the two writable folders are given to it.
+
 Where ``bwrap`` is missing or cannot run (macOS, Windows, a container without user namespaces) the worker
 runs as a plain process in its own session with the same resource limits; :func:`describe` says which,
 once, in ``check``/``grade`` output. Limits (``setrlimit``, inherited by everything the worker starts):
@@ -41,9 +47,11 @@ class Limits:
 
 def _try_bwrap(bwrap: str) -> str | None:
     """``None`` when ``bwrap`` can start a sandbox like ours here, else why not."""
+    unprivileged = [*_setpriv(), "true"] if _drops_to_nobody() else ["true"]
     try:
         proc = subprocess.run([bwrap, *_isolation_flags(), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-                               "true"], capture_output=True, text=True, timeout=30)
+                               "--perms", "0755", "--tmpfs", "/tmp", "--perms", "0755", "--dir", "/tmp/course-probe",
+                               *unprivileged], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{bwrap} could not start ({exc})"
     if proc.returncode != 0:
@@ -51,9 +59,44 @@ def _try_bwrap(bwrap: str) -> str | None:
     return None
 
 
+NOBODY = 65534
+
+
 def _isolation_flags() -> list[str]:
-    return ["--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
+    if _drops_to_nobody():  # no user namespace: setpriv drops root (and every capability) inside
+        return ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session"]
+    return ["--unshare-all", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL",
             "--die-with-parent", "--new-session"]
+
+
+def _drops_to_nobody() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("setpriv") is not None
+
+
+def _setpriv() -> list[str]:
+    return [shutil.which("setpriv") or "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+
+
+def unreadable_for_worker(folders: Iterable[Path]) -> str | None:
+    """Why the worker could not read one of ``folders`` (instructor checks) when it runs as ``nobody``, or None."""
+    if find_bwrap()[0] is None or not _drops_to_nobody():
+        return None
+    for folder in folders:
+        for path in [Path(folder), *sorted(Path(folder).glob("*.py"))]:
+            wanted = 0o005 if path.is_dir() else 0o004
+            if path.stat().st_mode & wanted != wanted:
+                return (f"{path} cannot be read by other users, and graded as root the sandbox runs learner code as "
+                        f"'nobody', which must import the checks: run `chmod -R o+rX {folder}`")
+    return None
+
+
+def give_to_worker(*paths: Path) -> None:
+    """Make the worker's writable folders (and the notebook copy) its own when it will run as ``nobody``."""
+    if find_bwrap()[0] is not None and _drops_to_nobody():
+        for path in paths:
+            os.chown(path, NOBODY, NOBODY)
 
 
 @functools.cache
@@ -72,7 +115,8 @@ def find_bwrap() -> tuple[str | None, str]:
     if why:
         return None, why + ": graded notebooks run as plain processes with resource limits and can read and " \
                            "write whatever this user can"
-    return bwrap, "sandbox: bubblewrap (no network, read-only system, own PID namespace, scratch folder only)"
+    user = "user nobody with no capabilities" + (" (dropped from root)" if _drops_to_nobody() else "")
+    return bwrap, f"sandbox: bubblewrap (no network, read-only system, own PID namespace, scratch folder only, {user})"
 
 
 def describe() -> str:
@@ -127,6 +171,8 @@ def command(argv: list[str], *, scratch: Path, out_dir: Path, package_root: Path
     flags += [
               "--bind", str(scratch), SCRATCH, "--bind", str(out_dir), OUT, "--chdir", SCRATCH,
               "--setenv", "HOME", SCRATCH, "--setenv", "PYTHONPATH", PACKAGE_ROOT]
+    if _drops_to_nobody():
+        flags = _reachable_mount_points(flags)
     mapping = {str(scratch): SCRATCH, str(out_dir): OUT, str(package_root): PACKAGE_ROOT}
 
     def inside(path: str) -> str:
@@ -138,7 +184,37 @@ def command(argv: list[str], *, scratch: Path, out_dir: Path, package_root: Path
     program = argv[0]
     if program == sys.executable:  # the interpreter at a path the sandbox mounts (links resolved)
         program = str(Path(sys.prefix).resolve() / "bin" / Path(sys.executable).name)
-    return flags + ["--", program, *[inside(a) for a in argv[1:]]], inside
+    unprivileged = _setpriv() if _drops_to_nobody() else []
+    return flags + ["--", *unprivileged, program, *[inside(a) for a in argv[1:]]], inside
+
+
+def _reachable_mount_points(flags: list[str]) -> list[str]:
+    """``flags`` with ``--perms 0755 --dir`` before each mount for the folders above it that bwrap would otherwise
+    create as ``0700`` (unreachable for ``nobody``); never inside a read-only mount, where the path exists. A tmpfs
+    is made ``1777``."""
+    out: list[str] = []
+    made: set[Path] = {Path("/")}
+    read_only: list[Path] = []
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        arity = {"--ro-bind": 2, "--ro-bind-try": 2, "--bind": 2, "--symlink": 2, "--tmpfs": 1, "--proc": 1,
+                 "--dev": 1, "--setenv": 2, "--chdir": 1, "--perms": 1, "--dir": 1}.get(flag, 0)
+        if flag in ("--ro-bind", "--ro-bind-try", "--bind", "--tmpfs"):
+            target = Path(flags[i + arity])
+            for folder in reversed(target.parents):
+                if folder in made or any(folder == r or r in folder.parents for r in read_only):
+                    continue
+                out += ["--perms", "0755", "--dir", str(folder)]
+                made.add(folder)
+            if flag.startswith("--ro-bind"):
+                read_only.append(target)
+            if flag == "--tmpfs":
+                out += ["--perms", "1777"]  # a /tmp every user may write to, as on any system
+            made.add(target)
+        out += flags[i:i + 1 + arity]
+        i += 1 + arity
+    return out
 
 
 def set_limits(limits: Limits) -> Callable[[], None]:
