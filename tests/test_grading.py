@@ -6,8 +6,10 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -202,6 +204,24 @@ def test_sys_exit_in_a_cell_and_invalid_json_are_failed_checks(tmp_path: Path, e
     assert not any(r.passed for r in graded.results) and "not a valid notebook" in graded.results[0].message
 
 
+@pytest.mark.parametrize("damage, says", [
+    (lambda text: text[: len(text) // 2], "cut short"),  # a download or a copy that stopped half-way
+    (lambda text: text.replace('"cells"', '"cells" "', 1), "Expecting"),
+    (lambda text: "[]", "without a list of cells"),
+    (lambda text: text.encode("utf-16").decode("latin-1"), "not UTF-8"),
+])
+def test_a_damaged_notebook_gets_advice_jupyter_can_follow(tmp_path: Path, damage, says: str) -> None:
+    path = toy_notebook(tmp_path / "90_toy.ipynb")
+    path.write_bytes(damage(path.read_text()).encode("utf-8") if says != "not UTF-8" else
+                     path.read_text().encode("utf-16"))
+    with pytest.raises(notebook.NotebookError) as error:
+        notebook.read(path)
+    assert says in str(error.value), str(error.value)
+    # Jupyter cannot open any of these, so "save it again from Jupyter" would be advice nobody can follow.
+    assert "Download" in error.value.hint and ".ipynb_checkpoints" in error.value.hint
+    assert "save it again" not in str(error.value) + error.value.hint
+
+
 # ---------------------------------------------------------------- grade command
 
 
@@ -257,6 +277,44 @@ def test_checks_nobody_can_read_are_refused_before_grading_as_root(tmp_path: Pat
     assert stop.value.code == 2
     assert f"chmod -R o+rX {extra}" in capsys.readouterr().err
     assert not (tmp_path / "g.csv").exists()
+
+
+def test_ctrl_c_during_grade_keeps_what_was_graded(tmp_path: Path, extra: Path) -> None:
+    """Ctrl-C while a notebook hangs: the notebooks graded so far are written, the rest say so, nothing runs on."""
+    subs, out = tmp_path / "class", tmp_path / "grades.csv"
+    toy_notebook(subs / "ada" / "90_toy.ipynb")
+    toy_notebook(subs / "zed" / "90_toy.ipynb", half_body="import time; time.sleep(600)")
+    nb = json.loads((subs / "zed" / "90_toy.ipynb").read_text())
+    nb["cells"].append(nbformat.v4.new_code_cell("import time\ntime.sleep(600)", metadata={"tags": ["exercise"]}))
+    (subs / "zed" / "90_toy.ipynb").write_text(json.dumps(nb))
+    workdirs = tmp_path / "tmp"  # each notebook is graded in a fresh folder made here
+    workdirs.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "course_lib", "grade", str(subs), "--out", str(out),
+                             "--exercises", "90", "--extra-tests", str(extra), "--jobs", "1", "--timeout", "600"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(workdirs)})
+    seen: set[str] = set()
+    try:
+        # --jobs 1 grades ada, then zed: a second grading folder means ada is done and zed hangs in its cell.
+        for _ in range(1200):  # a hang guard (120 s), not a measurement
+            seen |= {p.name for p in workdirs.glob("course-grade-90-*")}
+            if len(seen) >= 2 or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert len(seen) >= 2, "the second notebook's grading never started"
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (stdout, stderr)
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "1 of 2 notebook(s) were graded" in errors[0], stderr
+    assert "Traceback" not in stderr
+    rows = {row["student"]: row for row in csv.DictReader(out.open())}
+    assert (rows["ada"]["ex90"], rows["ada"]["status"]) == ("3", "graded")
+    assert (rows["zed"]["ex90"], rows["zed"]["status"]) == ("0", "ex90 not graded (interrupted)")
+    assert "interrupted" in (tmp_path / "grades-feedback" / "zed" / "feedback.txt").read_text()
+    assert not list(workdirs.glob("course-grade-*")), "a grading folder (and so its child) outlived Ctrl-C"
 
 
 def test_grade_rejects_a_missing_folder(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from textwrap import indent
 from typing import IO, Any
 
 from course_lib import atomic
-from course_lib.grading import gradebook, sandbox
+from course_lib.grading import gradebook, runner, sandbox
 from course_lib.grading.api import (
     CheckResult,
     checks_for,
@@ -40,6 +40,7 @@ from course_lib.grading.report import format_results, shorten
 from course_lib.grading.runner import (
     DEFAULT_TIMEOUT_S,
     GRADED,
+    INTERRUPTED,
     REFUSED,
     NotebookGrade,
     failed_result,
@@ -107,10 +108,32 @@ def grade_class(submissions: Path, exercises: list[str], *, timeout_s: float, ex
                 futures[student.name, number] = pool.submit(
                     grade_notebook, path, number, timeout_s=timeout_s, extra_dirs=extra_dirs, threads=threads)
                 notes[student.name, number] = renamed_note(path) if path is not None else ""
-        for (student, number), future in futures.items():
-            table[student][number] = future.result()
-            table[student][number].note = notes[student, number]
+        try:
+            for (student, number), future in futures.items():
+                table[student][number] = future.result()
+                table[student][number].note = notes[student, number]
+        except KeyboardInterrupt:  # keep what is graded; the rest says so, and nothing runs on
+            pool.shutdown(wait=False, cancel_futures=True)
+            runner.stop_all()
+            for student, number in futures:
+                if number not in table[student]:
+                    table[student][number] = _interrupted(number, extra_dirs)
+            raise GradingInterrupted({s: dict(sorted(per_ex.items())) for s, per_ex in table.items()}) from None
     return {s: dict(sorted(per_ex.items())) for s, per_ex in table.items()}
+
+
+class GradingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`grade_class`; ``table`` holds every notebook graded before it (the rest: interrupted)."""
+
+    def __init__(self, table: Table) -> None:
+        super().__init__("grading interrupted")
+        self.table = table
+
+
+def _interrupted(number: str, extra_dirs: list[Path]) -> NotebookGrade:
+    why = "grading was interrupted (Ctrl-C) before this notebook was graded"
+    return NotebookGrade(number, [failed_result(c, why, "grade again") for c in checks_for(number, extra_dirs)],
+                         INTERRUPTED)
 
 
 # A cell that a spreadsheet would read as a formula (a student named "=HYPERLINK(...)").
@@ -296,8 +319,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(str(exc))
     grader = gradebook.grader_version(extra_dirs)
     print(sandbox.describe())
-    table = grade_class(args.submissions, exercises, timeout_s=args.timeout, extra_dirs=extra_dirs, jobs=args.jobs,
-                        outputs=[args.out, feedback])
+    try:
+        table = grade_class(args.submissions, exercises, timeout_s=args.timeout, extra_dirs=extra_dirs,
+                            jobs=args.jobs, outputs=[args.out, feedback])
+    except GradingInterrupted as stop:
+        write_csv(stop.table, exercises, args.out, grader)
+        write_feedback(stop.table, exercises, feedback, grader)
+        done = sum(g.status != INTERRUPTED for per_ex in stop.table.values() for g in per_ex.values())
+        total = sum(len(per_ex) for per_ex in stop.table.values())
+        print(f"error: interrupted: {done} of {total} notebook(s) were graded; they are in {args.out} and {feedback}/ "
+              f"(the others say '{INTERRUPTED}'). Run the same command again to grade everything.", file=sys.stderr)
+        return 130
     if not table:
         print(f"{args.submissions}: no student folders", file=sys.stderr)
         return 1

@@ -19,7 +19,16 @@ GRADED_TAGS = ("setup", "exercise")
 
 
 class NotebookError(ValueError):
-    """A notebook that cannot be read or whose solution regions are malformed."""
+    """A notebook that cannot be read or whose solution regions are malformed (``hint``: what the learner can do)."""
+
+    def __init__(self, message: str, hint: str = "open the notebook in Jupyter and save it again") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+# Jupyter cannot open a file that is not JSON either, so "save it again from Jupyter" is advice nobody can follow.
+_RESTORE = ("hand it in again from a copy that opens in Jupyter (File > Download), or restore it from the "
+            ".ipynb_checkpoints folder beside it")
 
 
 def exercise_number(path: Path) -> str:
@@ -36,10 +45,18 @@ def read(path: Path) -> dict[str, Any]:
         nb = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise NotebookError(f"{path}: notebook not found") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NotebookError(f"{path}: not a valid notebook file ({exc}); re-save it from Jupyter") from None
+    except UnicodeDecodeError as exc:
+        raise NotebookError(f"{path}: not a valid notebook file (not UTF-8 text: byte {exc.start}); Jupyter cannot "
+                            "open it either", _RESTORE) from None
+    except json.JSONDecodeError as exc:
+        if exc.pos >= len(exc.doc.rstrip()):
+            raise NotebookError(f"{path}: not a valid notebook file: it is cut short ({len(exc.doc)} characters, "
+                                "it ends in the middle of the notebook); Jupyter cannot open it either",
+                                _RESTORE) from None
+        raise NotebookError(f"{path}: not a valid notebook file (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+                            "Jupyter cannot open it either", _RESTORE) from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise NotebookError(f"{path}: not a notebook (no list of cells); re-save it from Jupyter")
+        raise NotebookError(f"{path}: not a notebook (valid JSON without a list of cells)", _RESTORE)
     return nb
 
 

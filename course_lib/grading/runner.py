@@ -27,6 +27,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +51,11 @@ _PACKAGE_ROOT = Path(course_lib.__file__).resolve().parents[1]
 GRADED, TIMED_OUT, ENDED_EARLY, INVALID, MISSING = "graded", "timed out", "ended early", "invalid notebook", "missing"
 REFUSED = "refused (a link)"
 INTERFERED = "interfered with grading"
+INTERRUPTED = "not graded (interrupted)"
+
+# The sandboxed children running now (grading runs in threads): Ctrl-C ends them all at once (stop_all).
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -194,6 +200,8 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     pass_fds=(seed_read, ready_write), preexec_fn=sandbox.set_limits(limits))
             pipe.close(seed_read, ready_write)  # the child's ends
+            with _LIVE_LOCK:
+                _LIVE.add(proc)
             deadline = time.monotonic() + timeout_s
             try:
                 heard = _hand_over_seed(proc, pipe, ready_read, seed_write, seed, deadline)
@@ -207,9 +215,22 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
                 except (ProcessLookupError, PermissionError):
                     pass
                 proc.wait()
+                with _LIVE_LOCK:
+                    _LIVE.discard(proc)
     finally:
         pipe.close_all()
     return returncode, out_dir, log_file, heard
+
+
+def stop_all() -> None:
+    """End every sandboxed child now (their threads then finish quickly); for Ctrl-C during ``grade``."""
+    with _LIVE_LOCK:
+        running = list(_LIVE)
+    for proc in running:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class _Pipes:
@@ -316,8 +337,7 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
     try:
         nb = notebook.read(Path(path))
     except notebook.NotebookError as exc:
-        return NotebookGrade(number, [failed_result(c, str(exc), "open the notebook in Jupyter and save it again")
-                                      for c in checks], INVALID)
+        return NotebookGrade(number, [failed_result(c, str(exc), exc.hint) for c in checks], INVALID)
     uses = reference_uses(nb, number)
     limits = limits or sandbox.Limits(cpu_s=int(timeout_s * max(1, threads)) + 30)
     workdir = Path(tempfile.mkdtemp(prefix=f"course-grade-{number}-"))
