@@ -29,6 +29,7 @@ seconds after the first failure, and all of them at the timeout.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import linecache
@@ -39,7 +40,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,21 @@ def make_recording_dataset(n: int = 48, seed: int = 0) -> RecordingDataset:
 
 class RanksFailed(RuntimeError):
     """The ranks could not be started or did not report (timeout, crash before writing their results)."""
+
+
+@contextlib.contextmanager
+def failed_run_is_a_failed_check(hint: str) -> Iterator[None]:
+    """Inside a check: a two-process run that did not complete fails the check (``hint``: what the learner can look
+    at); processes that could not be started are the grader's machine's fault, and the message says so."""
+    from course_lib.grading.api import CheckFailed
+
+    try:
+        yield
+    except RanksFailed as exc:
+        raise CheckFailed(f"the two-process run did not complete: {exc}", hint=hint) from None
+    except (EOFError, OSError) as exc:
+        raise CheckFailed(f"the grader could not start the two processes ({type(exc).__name__}: {exc}); this is not "
+                          "your code: grade this exercise again") from None
 
 
 def cell_source(fn: Callable[..., Any]) -> str:

@@ -20,7 +20,13 @@ from torch.utils.data.distributed import DistributedSampler
 from course_lib import ddp_demo
 from course_lib.distributed import scaled_lr as reference_scaled_lr
 from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
-from course_lib.grading.ddp_ranks import CHECKPOINT, RanksFailed, exercise_config, make_recording_dataset, run_ranks
+from course_lib.grading.ddp_ranks import (
+    CHECKPOINT,
+    exercise_config,
+    failed_run_is_a_failed_check,
+    make_recording_dataset,
+    run_ranks,
+)
 
 WORLD = 2
 TIMEOUT_S = 240.0  # two fresh interpreters importing torch on a busy machine; a hang is what it guards against
@@ -29,15 +35,9 @@ TIMEOUT_S = 240.0  # two fresh interpreters importing torch on a busy machine; a
 def _run(ns: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     fn = need(ns, "ddp_train", "define `ddp_train(rank, world_size, model, dataset, cfg, out_dir)` in the "
                                "exercise cell")
-    try:
+    with failed_run_is_a_failed_check("every rank must reach the same collectives (each backward outside no_sync "
+                                      "is one); run the demo cell to see both ranks' output"):
         result = run_ranks(fn, cfg, world_size=WORLD, timeout_s=TIMEOUT_S, reuse=True)
-    except RanksFailed as exc:
-        raise CheckFailed(f"the two-process run did not complete: {exc}",
-                          hint="every rank must reach the same collectives (each backward outside no_sync is "
-                               "one); run the demo cell to see both ranks' output") from None
-    except (EOFError, OSError) as exc:  # starting the processes failed: the grader's machine, not the learner's code
-        raise CheckFailed(f"the grader could not start the two processes ({type(exc).__name__}: {exc}); this is not "
-                          "your code: grade this exercise again") from None
     for record in result["ranks"]:
         error = record.get("error")
         if error is None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from course_lib.grading import parallel_driver as driver
 from course_lib.grading.api import CheckFailed, check_for, need, observe, run_seed
-from course_lib.grading.ddp_ranks import RanksFailed
+from course_lib.grading.ddp_ranks import failed_run_is_a_failed_check
 from course_lib.parallel.data_parallel import assign_buckets
 from course_lib.parallel.zero import shard_bounds
 
@@ -40,15 +40,9 @@ def _section(ns: dict[str, Any], cfg: dict[str, Any], name: str) -> list[dict[st
     """Every rank's record of one section (the run itself is shared by all checks); raise what the ranks raised."""
     for wanted in driver.SECTIONS[name]:
         need(ns, wanted, HOW[wanted])
-    try:
+    with failed_run_is_a_failed_check("both ranks must reach the same collectives in the same order; run the demo "
+                                      "cell to see what each rank did"):
         run = driver.run_exercise(ns, cfg)
-    except RanksFailed as exc:
-        raise CheckFailed(f"the two-process run did not complete: {exc}",
-                          hint="both ranks must reach the same collectives in the same order; run the demo cell "
-                               "to see what each rank did") from None
-    except (EOFError, OSError) as exc:  # starting the processes failed: the grader's machine, not the learner's code
-        raise CheckFailed(f"the grader could not start the two processes ({type(exc).__name__}: {exc}); this is not "
-                          "your code: grade this exercise again") from None
     records = []
     for record in run["ranks"]:
         error = record.get("error") or record.get(name, {}).get("error")
