@@ -395,7 +395,7 @@ WRONG: list[tuple[str, str, str, str]] = [
                 optimizer.zero_grad()
                 sizes.append(count)
             return {"loss": 0.0, "steps": len(sizes), "group_sizes": sizes}
-        """, "groups of"),
+        """, "one step per group"),
     ("07", "weighted loss divided by the sample count", """
         def train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4):
             for group in _groups(loader, microbatches):
@@ -405,6 +405,41 @@ WRONG: list[tuple[str, str, str, str]] = [
                 optimizer.step()
                 optimizer.zero_grad()
             return {"loss": 0.0, "steps": 0, "group_sizes": []}
+        """, "class-weighted"),
+    ("07", "steps only when a group holds `microbatches` micro-batches (a shorter last group is dropped)", """
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            model.train()
+            total_loss, total_count, sizes, group = 0.0, 0, [], []
+            for batch in loader:
+                group.append(batch)
+                if len(group) < microbatches:
+                    continue
+                count = sum(int((y != -100).sum()) for _, y in group)
+                for x, y in group:
+                    loss_sum = F.cross_entropy(model(x), y, reduction="sum")
+                    (loss_sum / count).backward()
+                    total_loss += loss_sum.item()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total_count += count
+                sizes.append(count)
+                group = []
+            return {"loss": total_loss / total_count, "steps": len(sizes), "group_sizes": sizes}
+        """, "one step per group"),
+    ("07", "weighted denominator class_weights[y].sum() with the ignored (-100) targets left in", """
+        def train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4):
+            total_loss, total_weight, sizes = 0.0, 0.0, []
+            for group in _groups(loader, microbatches):
+                denominator = sum(float(class_weights[y].sum()) for _, y in group)
+                for x, y in group:
+                    loss_sum = F.cross_entropy(model(x), y, weight=class_weights, reduction="sum")
+                    (loss_sum / denominator).backward()
+                    total_loss += loss_sum.item()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total_weight += denominator
+                sizes.append(sum(int((y != -100).sum()) for _, y in group))
+            return {"loss": total_loss / total_weight, "steps": len(sizes), "group_sizes": sizes}
         """, "class-weighted"),
     # ---------------------------------------------------------------- 08
     ("08", "optimizer.step() instead of scaler.step()", """
