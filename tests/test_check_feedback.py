@@ -1,0 +1,29 @@
+"""A failing check's hint names the mistake the learner's answer shows, chosen from what was observed.
+
+Each test judges one wrong answer through the grader's own observe -> save -> load -> replay path and reads the
+hint (or message) of the check it fails: the hint must point at the real cause, not at another mistake that the
+same check also catches.
+"""
+
+from __future__ import annotations
+
+from test_grading_variants import judge_row
+from variant_tables import ex15
+
+
+def _failed(number: str, code: str, check: str) -> tuple[str, str]:
+    results = judge_row(number, code, only=check)
+    (failed,) = [r for name, r in results.items() if check in name and not r.passed]
+    return failed.message, failed.hint or ""
+
+
+def test_ex15_a_counter_that_keeps_state_is_told_so_not_about_numel() -> None:
+    _, hint = _failed("15", ex15.SHARED_DICT, "count_saved_bytes")
+    assert "numel" not in hint
+    assert "called again" in hint and "every call" in hint
+
+
+def test_ex15_a_counter_of_view_bytes_is_told_about_storages() -> None:
+    (code,) = [code for mistake, code, _ in ex15.WRONG if "views" in mistake]
+    message, hint = _failed("15", code, "count_saved_bytes")
+    assert "slice" in message and "view" in hint and "untyped_storage().nbytes()" in hint
