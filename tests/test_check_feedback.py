@@ -27,3 +27,21 @@ def test_ex15_a_counter_of_view_bytes_is_told_about_storages() -> None:
     (code,) = [code for mistake, code, _ in ex15.WRONG if "views" in mistake]
     message, hint = _failed("15", code, "count_saved_bytes")
     assert "slice" in message and "view" in hint and "untyped_storage().nbytes()" in hint
+
+
+def test_ex02_a_clock_started_late_is_told_about_the_clock_not_the_sample_count() -> None:
+    from test_grading_variants import SAMPLES_CLOCK_LATE
+
+    _, hint = _failed("02", SAMPLES_CLOCK_LATE, "samples/s")
+    assert "clock" in hint and "first batch" in hint
+    assert "len(x)" not in hint and "batch sizes" not in hint
+
+
+def test_ex02_a_tuning_failure_never_shows_expected_equal_to_got() -> None:
+    from test_grading_variants import TUNING_EXTRA_MEASUREMENT
+
+    results = judge_row("02", TUNING_EXTRA_MEASUREMENT, only="tuning")
+    failed = [r for r in results.values() if not r.passed]
+    assert failed
+    for r in failed:
+        assert r.expected is None or r.expected != r.got, (r.name, r.message, r.expected)

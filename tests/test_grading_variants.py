@@ -38,6 +38,30 @@ def judge(number: str, code: str, only: str = "") -> dict[str, CheckResult]:
     return {r.name: r for r in observe_and_judge(number, solution_namespace(number, code), only)}
 
 
+# Exercise 02: samples counted right, but the clock read once the first batch has arrived (its wait not timed).
+SAMPLES_CLOCK_LATE = """
+        def samples_per_second(loader, n_batches, clock=time.perf_counter):
+            samples = batches = 0
+            start = None
+            for x, _ in loader:
+                if start is None:
+                    start = clock()
+                samples += len(x)
+                batches += 1
+                if batches == n_batches:
+                    break
+            if batches < n_batches:
+                raise ValueError("too few batches")
+            return samples / (clock() - start)
+        """
+# Exercise 02: the solution's tuning after one extra measurement of the baseline (thrown away).
+TUNING_EXTRA_MEASUREMENT = """
+        _solution_tune = tune_loader
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            measure(dict(baseline))
+            return _solution_tune(measure, baseline, candidates, budget_mib, max_loss_rise)
+        """
+
 # (exercise, what the mistake is, the code, a word from the name of the check that must fail)
 WRONG: list[tuple[str, str, str, str]] = [
     # ---------------------------------------------------------------- 01
@@ -142,6 +166,7 @@ WRONG: list[tuple[str, str, str, str]] = [
                 raise ValueError("too few batches")
             return samples / (clock() - start)
         """, "samples/s"),
+    ("02", "clock started after the first batch arrived", SAMPLES_CLOCK_LATE, "samples/s"),
     ("02", "the issue's profiler schedule without repeat=1", """
         def profile_steps(step_fn, warmup=1, active=3):
             schedule = torch.profiler.schedule(wait=0, warmup=warmup, active=active)
@@ -195,6 +220,11 @@ WRONG: list[tuple[str, str, str, str]] = [
         """, "shuffled"),
     ("02", "shuffled with the global RNG (seed ignored)", """
         def epoch_batches(dataset, batch_size, seed):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=pad_collate)
+        """, "shuffled"),
+    ("02", "a loader helper that seeds the global RNG with torch.manual_seed (the program's random state reset)", """
+        def epoch_batches(dataset, batch_size, seed):
+            torch.manual_seed(seed)
             return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=pad_collate)
         """, "shuffled"),
     ("02", "memory profile without profile_memory=True", """
