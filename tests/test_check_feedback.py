@@ -45,3 +45,13 @@ def test_ex02_a_tuning_failure_never_shows_expected_equal_to_got() -> None:
     assert failed
     for r in failed:
         assert r.expected is None or r.expected != r.got, (r.name, r.message, r.expected)
+
+
+def test_ex17_the_speed_hint_names_what_the_timed_call_returned() -> None:
+    """A train_fast that replays its first answer passes the correctness checks: the speed check's hint must say
+    that the losses belong to an earlier call's data, not send the learner back to checks that pass."""
+    from variant_tables import ex17
+
+    (code,) = [code for mistake, code, _ in ex17.WRONG if "replays its first answer" in mistake]
+    _, hint = _failed("17", code, ex17.SPEED)
+    assert "earlier call" in hint and "checks" not in hint
