@@ -235,7 +235,8 @@ def run_ranks(fn: Callable[..., Any], cfg: dict[str, Any], *, world_size: int = 
     ``{"ranks": [per-rank record, ...], "checkpoint": flat parameters saved to out_dir/model.pt (or None, or
     "unreadable: ..."), "checkpoint_keys": the names they were saved under (or None), "files": names in
     out_dir}``; a rank record holds ``reads`` (dataset indices in the order read), ``params`` (flat tensor of the
-    returned model), ``syncs``/``buckets`` (gradient all-reduces), ``saves`` (paths it gave ``torch.save``), or ``error`` (``{"type", "message", "where"}``) when the function raised.
+    returned model), ``syncs``/``buckets`` (gradient all-reduces), ``saves`` (paths it gave ``torch.save``), or
+    ``error`` (``{"type", "message", "where"}``) when the function raised.
     ``reuse=True`` returns the previous result when the cell, the function and ``cfg`` are unchanged (the checks of
     one grading run, and the notebook's demo before them, share one run: it is deterministic).
 
