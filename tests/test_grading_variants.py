@@ -679,6 +679,11 @@ WRONG: list[tuple[str, str, str, str]] = [
             return [EarlyStopping(monitor="val_loss", mode="min", patience=patience, stopping_threshold=min_delta),
                     ModelCheckpoint(dirpath=dirpath, monitor="val_loss", mode="min", save_top_k=1)]
         """, "EarlyStopping"),
+    ("12", "min_delta passed negated for mode='min' (a worse val_loss counts as an improvement)", """
+        def make_callbacks(dirpath, patience=3, min_delta=1e-3):
+            return [EarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=-min_delta),
+                    ModelCheckpoint(dirpath=dirpath, monitor="val_loss", mode="min", save_top_k=1)]
+        """, "EarlyStopping"),
     ("12", "load_best returns the trainer's last weights", """
         def load_best(trainer, cls):
             model = cls(lr=trainer.lightning_module.hparams.lr)
