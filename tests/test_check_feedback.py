@@ -55,3 +55,11 @@ def test_ex17_the_speed_hint_names_what_the_timed_call_returned() -> None:
     (code,) = [code for mistake, code, _ in ex17.WRONG if "replays its first answer" in mistake]
     _, hint = _failed("17", code, ex17.SPEED)
     assert "earlier call" in hint and "checks" not in hint
+
+
+def test_ex10_a_tied_weight_counted_twice_is_named() -> None:
+    from test_grading_variants import WRONG
+
+    (code,) = [code for number, mistake, code, _ in WRONG if number == "10" and "state_dict()" in mistake]
+    _, hint = _failed("10", code, "stored bytes")
+    assert "shared by two modules" in hint

@@ -633,6 +633,14 @@ WRONG: list[tuple[str, str, str, str]] = [
         def stored_bytes(model):
             return sum(p.numel() * p.element_size() for p in model.parameters())
         """, "stored bytes"),
+    ("10", "stored bytes summed over state_dict() (a tied weight counted under both names)", """
+        def stored_bytes(model):
+            return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        """, "stored bytes"),
+    ("10", "trainable count over named_parameters(remove_duplicate=False) (a tied weight counted twice)", """
+        def count_trainable(model):
+            return sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False) if p.requires_grad)
+        """, "trainable"),
     ("10", "warm-up timed too (one clock around everything)", """
         def measure_latency(model, example, device, *, warmup=5, reps=20, timer=time.perf_counter):
             model.eval()
