@@ -835,6 +835,10 @@ WRONG: list[tuple[str, str, str, str]] = [
                         x = torch.nn.functional.dropout(torch.relu(x), self.p, training=True)
                 return x
         """, "toggle dropout"),
+    ("13", "count_registered over state_dict() (buffers counted, a tied weight twice)", """
+        def count_registered(model):
+            return sum(t.numel() for t in model.state_dict().values())
+        """, "count_registered"),
     ("13", "heads in a plain dict", """
         class MultiHead(nn.Module):
             def __init__(self, d_in, d_hidden, heads, p=0.1):
