@@ -7,6 +7,12 @@ same check also catches.
 
 from __future__ import annotations
 
+import ast
+import re
+from pathlib import Path
+
+import course_lib.grading.checks
+from course_lib.grading.api import checks_for, known_exercises
 from test_grading_variants import judge_row
 from variant_tables import ex15
 
@@ -63,3 +69,36 @@ def test_ex10_a_tied_weight_counted_twice_is_named() -> None:
     (code,) = [code for number, mistake, code, _ in WRONG if number == "10" and "state_dict()" in mistake]
     _, hint = _failed("10", code, "stored bytes")
     assert "shared by two modules" in hint
+
+
+# A reference to grading checks in a learner-facing text: "make the first two checks pass", "the check above fails".
+_CHECKS_PHRASE = re.compile(r"\bchecks?\b[^.;:]{0,30}\b(pass|passes|passed|fail|fails|failed)\b", re.IGNORECASE)
+
+
+def _texts(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a check module that can end up in a message or hint (docstrings and the names given
+    to ``check_for`` left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value,
+                                                                                           ast.Constant):
+            skip.add(id(body[0].value))  # a docstring
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "check_for":
+            skip.update(id(n) for arg in node.args[1:2] for n in ast.walk(arg))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip]
+
+
+def test_no_message_or_hint_sends_the_learner_to_another_check() -> None:
+    """A check's feedback is about what that check observed: it never names another check, nor says which checks
+    pass (exercise 17's speed check said "make the first two checks pass" while they passed)."""
+    names = {c.name for number in known_exercises() for c in checks_for(number) if " " in c.name}
+    found = []
+    for path in sorted(Path(course_lib.grading.checks.__file__).parent.glob("ex*.py")):
+        for line, text in _texts(path):
+            named = [n for n in names if n.lower() in text.lower()]
+            if named or _CHECKS_PHRASE.search(text):
+                found.append(f"{path.name}:{line}: {text[:100]!r} {named or ''}")
+    assert not found, "\n".join(found)
