@@ -102,3 +102,16 @@ def test_no_message_or_hint_sends_the_learner_to_another_check() -> None:
             if named or _CHECKS_PHRASE.search(text):
                 found.append(f"{path.name}:{line}: {text[:100]!r} {named or ''}")
     assert not found, "\n".join(found)
+
+
+def test_ex07_titles_and_task_text_say_what_the_checks_compare() -> None:
+    """The group check's inputs change with the seed, so its title quotes no sizes; the task text defines each
+    returned value as the checks compute it (group_sizes counts targets that are not -100)."""
+    from course_lib.grading import notebook
+
+    assert not any(ch.isdigit() for c in checks_for("07") for ch in c.name), [c.name for c in checks_for("07")]
+    nb = notebook.read(Path(__file__).resolve().parents[1] / "solutions" / "07_accumulation.ipynb")
+    (task,) = ["".join(c["source"]) for c in nb["cells"] if "## Your task" in "".join(c["source"])]
+    for key in ("loss", "steps", "group_sizes"):
+        assert f'`"{key}"`:' in task, key
+    assert "not `-100`" in task.split('`"group_sizes"`')[1].split("\n")[0]
