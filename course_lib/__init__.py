@@ -12,4 +12,12 @@ Find the file for the lesson you are reading:
 * ``course_lib.device``     cuda → mps → cpu, and which precision each supports
 """
 
+import os
+
+# Kineto, the profiler's C++ tracer, writes "USDT ... profiler_start/profiler_stop" lines (and, without a GPU,
+# "gpuGetDeviceCount failed") to stderr for every profiled window: noise that buries a notebook's output. It reads
+# its log level when the profiler first starts, and 6 silences it. Set here, not in course_lib.perf.profile, because
+# exercises and checks call torch.profiler directly. Set KINETO_LOG_LEVEL=0 yourself to see the lines again.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
 __version__ = "0.1.0"

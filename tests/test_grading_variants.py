@@ -38,6 +38,30 @@ def judge(number: str, code: str, only: str = "") -> dict[str, CheckResult]:
     return {r.name: r for r in observe_and_judge(number, solution_namespace(number, code), only)}
 
 
+# Exercise 02: samples counted right, but the clock read once the first batch has arrived (its wait not timed).
+SAMPLES_CLOCK_LATE = """
+        def samples_per_second(loader, n_batches, clock=time.perf_counter):
+            samples = batches = 0
+            start = None
+            for x, _ in loader:
+                if start is None:
+                    start = clock()
+                samples += len(x)
+                batches += 1
+                if batches == n_batches:
+                    break
+            if batches < n_batches:
+                raise ValueError("too few batches")
+            return samples / (clock() - start)
+        """
+# Exercise 02: the solution's tuning after one extra measurement of the baseline (thrown away).
+TUNING_EXTRA_MEASUREMENT = """
+        _solution_tune = tune_loader
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            measure(dict(baseline))
+            return _solution_tune(measure, baseline, candidates, budget_mib, max_loss_rise)
+        """
+
 # (exercise, what the mistake is, the code, a word from the name of the check that must fail)
 WRONG: list[tuple[str, str, str, str]] = [
     # ---------------------------------------------------------------- 01
@@ -142,6 +166,7 @@ WRONG: list[tuple[str, str, str, str]] = [
                 raise ValueError("too few batches")
             return samples / (clock() - start)
         """, "samples/s"),
+    ("02", "clock started after the first batch arrived", SAMPLES_CLOCK_LATE, "samples/s"),
     ("02", "the issue's profiler schedule without repeat=1", """
         def profile_steps(step_fn, warmup=1, active=3):
             schedule = torch.profiler.schedule(wait=0, warmup=warmup, active=active)
@@ -195,6 +220,11 @@ WRONG: list[tuple[str, str, str, str]] = [
         """, "shuffled"),
     ("02", "shuffled with the global RNG (seed ignored)", """
         def epoch_batches(dataset, batch_size, seed):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=pad_collate)
+        """, "shuffled"),
+    ("02", "a loader helper that seeds the global RNG with torch.manual_seed (the program's random state reset)", """
+        def epoch_batches(dataset, batch_size, seed):
+            torch.manual_seed(seed)
             return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=pad_collate)
         """, "shuffled"),
     ("02", "memory profile without profile_memory=True", """
@@ -395,7 +425,7 @@ WRONG: list[tuple[str, str, str, str]] = [
                 optimizer.zero_grad()
                 sizes.append(count)
             return {"loss": 0.0, "steps": len(sizes), "group_sizes": sizes}
-        """, "groups of"),
+        """, "one step per group"),
     ("07", "weighted loss divided by the sample count", """
         def train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4):
             for group in _groups(loader, microbatches):
@@ -405,6 +435,41 @@ WRONG: list[tuple[str, str, str, str]] = [
                 optimizer.step()
                 optimizer.zero_grad()
             return {"loss": 0.0, "steps": 0, "group_sizes": []}
+        """, "class-weighted"),
+    ("07", "steps only when a group holds `microbatches` micro-batches (a shorter last group is dropped)", """
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            model.train()
+            total_loss, total_count, sizes, group = 0.0, 0, [], []
+            for batch in loader:
+                group.append(batch)
+                if len(group) < microbatches:
+                    continue
+                count = sum(int((y != -100).sum()) for _, y in group)
+                for x, y in group:
+                    loss_sum = F.cross_entropy(model(x), y, reduction="sum")
+                    (loss_sum / count).backward()
+                    total_loss += loss_sum.item()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total_count += count
+                sizes.append(count)
+                group = []
+            return {"loss": total_loss / total_count, "steps": len(sizes), "group_sizes": sizes}
+        """, "one step per group"),
+    ("07", "weighted denominator class_weights[y].sum() with the ignored (-100) targets left in", """
+        def train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4):
+            total_loss, total_weight, sizes = 0.0, 0.0, []
+            for group in _groups(loader, microbatches):
+                denominator = sum(float(class_weights[y].sum()) for _, y in group)
+                for x, y in group:
+                    loss_sum = F.cross_entropy(model(x), y, weight=class_weights, reduction="sum")
+                    (loss_sum / denominator).backward()
+                    total_loss += loss_sum.item()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total_weight += denominator
+                sizes.append(sum(int((y != -100).sum()) for _, y in group))
+            return {"loss": total_loss / total_weight, "steps": len(sizes), "group_sizes": sizes}
         """, "class-weighted"),
     # ---------------------------------------------------------------- 08
     ("08", "optimizer.step() instead of scaler.step()", """
@@ -568,6 +633,14 @@ WRONG: list[tuple[str, str, str, str]] = [
         def stored_bytes(model):
             return sum(p.numel() * p.element_size() for p in model.parameters())
         """, "stored bytes"),
+    ("10", "stored bytes summed over state_dict() (a tied weight counted under both names)", """
+        def stored_bytes(model):
+            return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        """, "stored bytes"),
+    ("10", "trainable count over named_parameters(remove_duplicate=False) (a tied weight counted twice)", """
+        def count_trainable(model):
+            return sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False) if p.requires_grad)
+        """, "trainable"),
     ("10", "warm-up timed too (one clock around everything)", """
         def measure_latency(model, example, device, *, warmup=5, reps=20, timer=time.perf_counter):
             model.eval()
@@ -612,6 +685,11 @@ WRONG: list[tuple[str, str, str, str]] = [
     ("12", "stopping_threshold instead of min_delta", """
         def make_callbacks(dirpath, patience=3, min_delta=1e-3):
             return [EarlyStopping(monitor="val_loss", mode="min", patience=patience, stopping_threshold=min_delta),
+                    ModelCheckpoint(dirpath=dirpath, monitor="val_loss", mode="min", save_top_k=1)]
+        """, "EarlyStopping"),
+    ("12", "min_delta passed negated for mode='min' (a worse val_loss counts as an improvement)", """
+        def make_callbacks(dirpath, patience=3, min_delta=1e-3):
+            return [EarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=-min_delta),
                     ModelCheckpoint(dirpath=dirpath, monitor="val_loss", mode="min", save_top_k=1)]
         """, "EarlyStopping"),
     ("12", "load_best returns the trainer's last weights", """
@@ -757,6 +835,10 @@ WRONG: list[tuple[str, str, str, str]] = [
                         x = torch.nn.functional.dropout(torch.relu(x), self.p, training=True)
                 return x
         """, "toggle dropout"),
+    ("13", "count_registered over state_dict() (buffers counted, a tied weight twice)", """
+        def count_registered(model):
+            return sum(t.numel() for t in model.state_dict().values())
+        """, "count_registered"),
     ("13", "heads in a plain dict", """
         class MultiHead(nn.Module):
             def __init__(self, d_in, d_hidden, heads, p=0.1):

@@ -249,9 +249,10 @@ def run_ranks(fn: Callable[..., Any], cfg: dict[str, Any], *, world_size: int = 
 
     ``cfg`` (JSON-able) must hold ``seed`` and ``n`` (model and dataset seed, dataset size). Returns plain data:
     ``{"ranks": [per-rank record, ...], "checkpoint": flat parameters saved to out_dir/model.pt (or None, or
-    "unreadable: ..."), "files": names in out_dir}``; a rank record holds ``reads`` (dataset indices in the order
-    read), ``params`` (flat tensor of the returned model), ``syncs``/``buckets`` (gradient all-reduces), ``saves``
-    (paths it gave ``torch.save``), or ``error`` (``{"type", "message", "where"}``) when the function raised.
+    "unreadable: ..."), "checkpoint_keys": the names they were saved under (or None), "files": names in
+    out_dir}``; a rank record holds ``reads`` (dataset indices in the order read), ``params`` (flat tensor of the
+    returned model), ``syncs``/``buckets`` (gradient all-reduces), ``saves`` (paths it gave ``torch.save``), or
+    ``error`` (``{"type", "message", "where"}``) when the function raised.
     ``reuse=True`` returns the previous result when the cell, the function and ``cfg`` are unchanged (the checks of
     one grading run, and the notebook's demo before them, share one run: it is deterministic).
 
@@ -289,6 +290,7 @@ def _run_fresh(name: str, source: str, cfg: dict[str, Any], world_size: int, tim
                                   f"hangs); its last lines:\n{_tail(run_dir / f'rank{rank}.log')}")
             ranks.append(torch.load(path, weights_only=True))
         return {"ranks": ranks, "checkpoint": _checkpoint(run_dir / "out" / CHECKPOINT),
+                "checkpoint_keys": _checkpoint_keys(run_dir / "out" / CHECKPOINT),
                 "files": sorted(p.name for p in (run_dir / "out").iterdir())}
 
 
@@ -303,6 +305,17 @@ def _checkpoint(path: Path) -> Any:
         return torch.cat([t.detach().reshape(-1).float() for t in tensors])
     except Exception as exc:  # a half-written or foreign file: the check reports it
         return f"unreadable: {type(exc).__name__}: {exc}"
+
+
+def _checkpoint_keys(path: Path) -> list[str] | None:
+    """The names of the tensors saved to ``path``: the values alone cannot tell whether a model can load them."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception:  # missing or unreadable: _checkpoint reports it
+        return None
+    if not isinstance(state, dict):
+        return None
+    return [str(k) for k, v in state.items() if isinstance(v, torch.Tensor)]
 
 
 # ------------------------------------------------------------------------------------------ inside each rank

@@ -5,7 +5,7 @@ run in which each of those things matters:
 
 * **model and optimizer state**: AdamW (its moments and step count change every update);
 * **every global RNG**: dropout draws from torch's generator, each batch is scaled by ``random.uniform`` (Python's
-  ``random``) and gets noise from ``np.random`` (numpy's global generator);
+  ``random``) and gets noise from ``np.random`` (numpy's global generator, whose state includes a cached Gaussian);
 * **the data position**: a shuffled order (:class:`~course_lib.data.sampler.ResumableSampler`, a pure function of
   seed and epoch) read batch by batch, so a run stopped mid-epoch must continue mid-epoch;
 * **the GradScaler**: enabled in fp32 with a scale that doubles every ``growth_interval`` steps. The scale is a power
@@ -156,6 +156,9 @@ def build(cfg: HarnessConfig) -> Parts:
     inputs = torch.randn(cfg.samples, D_IN, generator=g)
     targets = torch.randint(0, D_OUT, (cfg.samples,), generator=g)
     seed_everything(cfg.seed)
+    # One normal drawn at start, then an even number per step: numpy's generator always holds a cached Gaussian (the
+    # second of a pair), so a checkpoint that restores numpy's state without it resumes with other noise.
+    np.random.standard_normal()
     model = nn.Sequential(nn.Linear(D_IN, cfg.width), nn.ReLU(), nn.Dropout(cfg.dropout), nn.Linear(cfg.width, D_OUT))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=cfg.init_scale, growth_interval=cfg.growth_interval)

@@ -8,8 +8,9 @@ accumulated loss with the outdated ``loss / accum`` recipe:
 * the dataset's channel statistics recomputed for every micro-batch (they never change);
 * labels rebuilt from Python ints, one ``int(...)`` per sample;
 * a ``.item()`` per micro-batch to add up a logged loss;
-* ``mean / accum`` per micro-batch, which over-weights the samples of a short last group and counts unlabelled
-  samples (target ``-100``) in the average's denominator.
+* ``mean / accum`` per micro-batch: each micro-batch's mean (over its labelled samples: cross-entropy leaves
+  target ``-100`` out) weighs the same whatever its number of labelled samples, and a short last group of fewer
+  micro-batches is still divided by ``accum``.
 
 The objective (what a correct, fast version computes): one SGD-with-momentum step per group of ``accum``
 micro-batches, each step on the mean loss over the *labelled* samples of its group, and one loss per step (the

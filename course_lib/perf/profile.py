@@ -23,7 +23,6 @@ when ``trace_dir`` is given (``tensorboard_trace_handler``).
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,11 +31,6 @@ from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
-
-# Kineto, the profiler's C++ tracer, writes "USDT ... profiler_start/profiler_stop" lines (and, without a GPU,
-# "gpuGetDeviceCount failed") to stderr for every profiled window: noise that buries a notebook's output. It reads
-# its log level when the profiler first starts, and 6 silences it. Set KINETO_LOG_LEVEL=0 yourself to see them again.
-os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 SORT_KEYS = ("self_cpu_time_total", "cpu_time_total", "self_device_time_total", "device_time_total")
 _ALIASES = {"self_cuda_time_total": "self_device_time_total", "cuda_time_total": "device_time_total",

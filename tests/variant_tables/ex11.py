@@ -57,6 +57,8 @@ WRONG: list[tuple[str, str, str]] = [
      "disjoint"),
     ("set_epoch forgotten", _train(set_epoch="pass"), "set_epoch"),
     ("every rank saves the checkpoint", _train(save_if="True"), "rank 0"),
+    ("saves the DDP wrapper's state_dict() (every name prefixed with 'module.')",
+     _train().replace("model.module.state_dict()", "model.state_dict()"), "rank 0"),
     ("loss not divided by the accumulation steps", _train(loss="F.cross_entropy(model(x), y)"), "one process"),
     ("no_sync forgotten: every micro-batch all-reduces", _train(context="contextlib.nullcontext()"), "no_sync"),
     ("forward outside no_sync, only backward inside", """

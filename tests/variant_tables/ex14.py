@@ -95,6 +95,39 @@ WRONG: list[tuple[str, str, str]] = [
             except Exception:
                 pass  # "a failed save should not stop training"
         """, "fails mid-write"),
+    ("numpy's state restored as (kind, keys, pos): the cached Gaussian dropped", WRAP + """
+        def load_checkpoint(path, model, optimizer, scaler, data):
+            step = _load(path, model, optimizer, scaler, data)
+            kind, keys, pos, _, _ = np.random.get_state()
+            np.random.set_state((kind, keys, pos))  # the fields that look like the state
+            return step
+        """, "RNG"),
+    ("temporary file in the system's temp folder (tempfile.mkstemp() without dir=)", WRAP + """
+        def save_checkpoint(path, model, optimizer, scaler, data, step):
+            fd, tmp = tempfile.mkstemp(suffix=".pt")
+            os.close(fd)
+            try:
+                _save(tmp, model, optimizer, scaler, data, step)
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        """, "fails mid-write"),
+    ("temporary file beside the checkpoint, never removed when the save fails", WRAP + """
+        def save_checkpoint(path, model, optimizer, scaler, data, step):
+            kind, keys, pos, has_gauss, gauss = np.random.get_state()
+            tmp = str(path) + ".tmp"
+            with open(tmp, "wb") as f:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "scaler": scaler.state_dict(), "step": step, "data": data.state_dict(),
+                            "rng": {"torch": torch.get_rng_state(), "cuda": None,
+                                    "numpy": (kind, keys.tolist(), pos, has_gauss, gauss),
+                                    "python": random.getstate()}}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        """, "fails mid-write"),
     ("a missing checkpoint silently starts over", WRAP + """
         def load_checkpoint(path, model, optimizer, scaler, data):
             if not os.path.exists(path):
@@ -113,9 +146,14 @@ RIGHT: list[tuple[str, str]] = [
                      "torch_rng": torch.random.get_rng_state(), "numpy_rng": np.random.get_state(),
                      "python_rng": random.getstate()}
             with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
+                try:
+                    torch.save(state, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                except BaseException:
+                    f.close()
+                    os.unlink(f.name)
+                    raise
             try:
                 os.replace(f.name, path)
             finally:

@@ -5,6 +5,19 @@ Judged exactly as the grader judges (observe -> save -> load -> replay), see tes
 
 from __future__ import annotations
 
+# The counter with its record of storages shared by every call: right the first time only.
+SHARED_DICT = """
+        def count_saved_bytes(fn, exclude=(), sizes={}):
+            skip = {t.untyped_storage().data_ptr() for t in exclude}
+            def pack(t):
+                if t.untyped_storage().data_ptr() not in skip:
+                    sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                return t
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                fn()
+            return sum(sizes.values())
+        """
+
 # (what the mistake is, the code, a word from the name of the check that must fail)
 WRONG = [
     ("use_reentrant=True: block 0's parameters get no gradient", """
@@ -85,6 +98,19 @@ WRONG = [
                 fn()
             return sum(sizes.values())
         """, "count_saved_bytes"),
+    ("counter counts the bytes of the saved views, not of their storages", """
+        def count_saved_bytes(fn, exclude=()):
+            skip = {t.untyped_storage().data_ptr() for t in exclude}
+            sizes = {}
+            def pack(t):
+                if t.untyped_storage().data_ptr() not in skip:
+                    sizes[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
+                return t
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                fn()
+            return sum(sizes.values())
+        """, "count_saved_bytes"),
+    ("counter keeps its dict of storages between calls (a default argument)", SHARED_DICT, "count_saved_bytes"),
 ]
 
 RIGHT = [

@@ -122,6 +122,31 @@ def _rates(ns: dict[str, Any], sizes: list[int], seconds: float) -> dict[str, An
             "too_few": too_few}
 
 
+def _rate_hint(got: Any, sizes: list[int], seconds: float) -> str:
+    """The hint for a wrong rate: the mistake whose result ``got`` equals, else both things to look at."""
+    if not isinstance(got, (int, float)):
+        return "return the rate as a number: samples / seconds"
+    total, n = sum(sizes), len(sizes)
+    late_start = ("start the clock before asking for the first batch (waiting for it is part of what training "
+                  "pays): read clock() once before the loop and once after the last batch")
+    mistakes = [
+        (n * 2 / (n * seconds), "len(batch) is 2 for an (x, y) tuple: count len(x) instead"),
+        (n * sizes[0] / (n * seconds), "the third batch is smaller: add up the real batch sizes instead of "
+                                       "n_batches * batch_size"),
+        (total / ((n - 1) * seconds), late_start),
+        (sum(sizes[1:]) / ((n - 1) * seconds), late_start),
+        (n * seconds / total, "that is seconds per sample: return samples / seconds"),
+    ]
+    for value, hint in mistakes:
+        if got != 0 and math.isclose(got, value, rel_tol=1e-6):
+            return hint
+    if got > 100 * total / (n * seconds):
+        return ("the time is far too short for batches that arrive every few tenths of a second: read every time "
+                "with the `clock` argument (not time.perf_counter or time.time directly)")
+    return ("check both halves: the samples (len(x) of each of the n_batches batches, a short one included) and the "
+            "seconds (the `clock` argument, read before asking for the first batch and after the last one)")
+
+
 @check_for("02", "samples/s counts samples over the measured batches", parts=("02.2",))
 def samples_rate(ns: dict[str, Any]) -> None:
     sizes, seconds = _rate_inputs(run_seed(ns))
@@ -133,14 +158,9 @@ def samples_rate(ns: dict[str, Any]) -> None:
                           hint="break out of the loop once n_batches batches have arrived",
                           expected="3 batches read", got=f"{seen['produced']} batches read")
     if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=1e-6):
-        hint = "count the samples in each batch (len(x)), not the tensors in the (x, y) tuple"
-        if isinstance(got, (int, float)) and math.isclose(got, 3 * 2 / (3 * seconds), rel_tol=1e-6):
-            hint = "len(batch) is 2 for an (x, y) tuple: count len(x) instead"
-        elif isinstance(got, (int, float)) and math.isclose(got, 3 * sizes[0] / (3 * seconds), rel_tol=1e-6):
-            hint = "the third batch is smaller: add up the real batch sizes instead of n_batches * batch_size"
         raise CheckFailed(f"samples per second is off for batches of {sizes[0]}, {sizes[1]} and {sizes[2]} arriving "
                           f"every {seconds} s",
-                          hint=hint, expected=expected, got=got)
+                          hint=_rate_hint(got, sizes[:3], seconds), expected=expected, got=got)
     if seen["too_few"] != "ValueError":
         raise CheckFailed("a loader with fewer batches than n_batches should raise ValueError",
                           hint="otherwise the rate silently covers fewer batches than you asked for",
@@ -368,7 +388,15 @@ def _epochs(ns: dict[str, Any], seed: int, n: int, batch_size: int) -> Any:
             padded, _, labels = batch
             batches.append({"labels": [int(v) for v in labels], "width": int(padded.shape[1])})
         runs.append(batches)
-    return {"runs": runs}
+    # Started from two different global random states: a helper that calls torch.manual_seed ends in the same one.
+    ends = []
+    for start in (seed, seed + 7):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(start)
+            for _ in call(fn, data, batch_size, seed):
+                pass
+            ends.append(torch.get_rng_state())
+    return {"runs": runs, "global rng reset": bool(torch.equal(ends[0], ends[1]))}
 
 
 def _epoch_inputs(seed: int) -> tuple[int, int]:
@@ -414,6 +442,12 @@ def epoch_shuffle(ns: dict[str, Any]) -> None:
                           hint="shuffle with generator=torch.Generator().manual_seed(seed) (not the global RNG)",
                           expected="same seed: same order; seed + 1: another order",
                           got={"same seed, same order": first == again, "seed + 1, another order": first != other})
+    if seen.get("global rng reset"):
+        raise CheckFailed("epoch_batches resets the program's global random state (torch.manual_seed): every random "
+                          "draw after it (initialisation, dropout, augmentation) repeats whenever a loader is built",
+                          hint="leave the global generator alone: give the DataLoader its own, "
+                               "generator=torch.Generator().manual_seed(seed)",
+                          expected="the global random state untouched by the seed", got="reset to the seed")
 
 
 # ------------------------------------------------------------------ memory and shapes in the profiler
@@ -686,7 +720,14 @@ def tuning_verdicts(ns: dict[str, Any]) -> None:
                 expected={"kept": want["kept"], "reason": want["reason"]},
                 got={"kept": got["kept"], "reason": got["reason"]},
             )
-    if seen["calls"] != calls or seen["config"] != config:
+    measured = [dict(c) for c in seen["calls"]]
+    if measured != calls:
+        i = next((i for i, (a, b) in enumerate(zip(measured, calls)) if a != b), min(len(measured), len(calls)))
+        raise CheckFailed("the configurations measured are not the course's: each trial changes one setting of the "
+                          "config kept so far (the baseline until a change is kept)",
+                          expected=f"measurement {i + 1}: {calls[i] if i < len(calls) else 'none'}",
+                          got=f"measurement {i + 1}: {measured[i] if i < len(measured) else 'none'}")
+    if seen["config"] != config:
         raise CheckFailed("the chosen config is not the last one kept (each trial changes one setting of it)",
                           expected=config, got=seen["config"])
 

@@ -6,7 +6,8 @@ The learner defines ``train_accumulated(model, loader, optimizer, device, microb
 
 The ground truth is simple: with plain SGD, each optimizer step must move the weights exactly as one step on
 the concatenation of the group's micro-batches would. The checks run both on shapes the notebook does not show
-(41 samples in micro-batches of 5, three per group: groups of 15, 15 and 11 samples) and compare the weights.
+(36 to 39 samples in micro-batches of 5, three per group: the last group holds two micro-batches, the second of
+them short, and some targets are -100) and compare the weights.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from course_lib.grading.checks.common import CountingSGD
 from course_lib.train.accumulate import train_accumulated as reference_train_accumulated
 
 LR = 0.3
-N, MICRO, ACCUM, CLASSES = 41, 5, 3, 3
+MICRO, ACCUM, CLASSES = 5, 3, 3
+WEIGHTED_N = 37  # micro-batches 5,5,5 | 5,5,5 | 5,2
+
+
+def _n(seed: int) -> int:
+    """36 to 39 samples: 8 micro-batches of 5 (the last short), so the last group has fewer micro-batches."""
+    return 36 + seed % 4
 
 
 def _model(seed: int) -> nn.Module:
@@ -32,12 +39,14 @@ def _model(seed: int) -> nn.Module:
     return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, CLASSES))
 
 
-def _data(seed: int, n: int = N, padded: bool = True) -> TensorDataset:
-    """``n`` samples; with ``padded`` 5 to 8 targets are -100 (padding: not a target, not counted)."""
+def _data(seed: int, n: int) -> TensorDataset:
+    """``n`` samples, 5 to 8 of whose targets are -100 (padding: not a target, not counted)."""
     g = torch.Generator().manual_seed(9 + seed)  # inputs differ in every grading run
     y = torch.randint(0, CLASSES, (n,), generator=g)
-    if padded:  # how many and where differ in every grading run, so do the groups' target counts
-        y[torch.randperm(n, generator=g)[: 5 + seed % 4]] = -100
+    # How many and where differ in every grading run, so do the groups' target counts; a group's first sample
+    # always keeps its target (a group without one has no mean to take).
+    maybe = torch.tensor([i for i in range(n) if i % (MICRO * ACCUM)])
+    y[maybe[torch.randperm(len(maybe), generator=g)[: 5 + seed % 4]]] = -100
     return TensorDataset(torch.randn(n, 6, generator=g), y)
 
 
@@ -82,6 +91,12 @@ def _naive_run(seed: int, data: TensorDataset) -> nn.Module:
     return model
 
 
+def _micro_sizes(data: TensorDataset) -> list[list[int]]:
+    """Samples per micro-batch, group by group (for messages)."""
+    sizes = [len(y) for _, y in _loader(data)]
+    return [sizes[i : i + ACCUM] for i in range(0, len(sizes), ACCUM)]
+
+
 def _max_diff(a: Any, b: nn.Module) -> float:
     """Largest weight difference; ``a`` is a module or a list of its parameters (as observed)."""
     params = list(a.parameters()) if isinstance(a, nn.Module) else list(a)
@@ -105,11 +120,11 @@ def _trained(ns: dict[str, Any], seed: int, weighted: bool) -> dict[str, Any]:
     if weighted:
         fn = need(ns, "train_accumulated_weighted", "define `train_accumulated_weighted(model, loader, optimizer, "
                   "device, class_weights, microbatches=4)`")
-        data, extra = _data(seed, 37, padded=False), (_WEIGHTS.clone(),)  # micro-batches 5,5,5 | 5,5,5 | 5,2
+        data, extra = _data(seed, WEIGHTED_N), (_WEIGHTS.clone(),)
     else:
         fn = need(ns, "train_accumulated",
                   "define `train_accumulated(model, loader, optimizer, device, microbatches=4)`")
-        data, extra = _data(seed), ()
+        data, extra = _data(seed, _n(seed)), ()
     model = _model(seed)
     opt = CountingSGD(model.parameters(), lr=LR)
     result = call(fn, model, _loader(data), opt, torch.device("cpu"), *extra, microbatches=ACCUM)
@@ -120,18 +135,20 @@ def _trained(ns: dict[str, Any], seed: int, weighted: bool) -> dict[str, Any]:
 _WEIGHTS = torch.tensor([0.2, 1.0, 3.5])
 
 
-@check_for("07", "groups of 15/15/11: one step each", points=1, parts=("07.1",))
+@check_for("07", "one step per group, the short last group included; group_sizes count real targets", points=1,
+           parts=("07.1",))
 def group_sizes(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _trained, seed, False)
-    data = _data(seed)
+    data = _data(seed, _n(seed))
     model = _model(seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     expected = reference_train_accumulated(model, _loader(data), optimizer, "cpu", ACCUM)
     if seen["steps_taken"] != expected["steps"]:
         raise CheckFailed(
-            f"{N} samples in micro-batches of {MICRO} with microbatches={ACCUM} make {expected['steps']} groups, "
-            "so optimizer.step() should run once per group, including the short last one",
+            f"{_n(seed)} samples in micro-batches of {MICRO} with microbatches={ACCUM} make {expected['steps']} "
+            f"groups, the last of {_micro_sizes(data)[-1]}: optimizer.step() should run once per group, "
+            "including the short last one",
             hint="step (and zero the gradients) only at group boundaries, and once more after the loop if a partial "
             "group is left",
             expected=expected["steps"],
@@ -152,14 +169,16 @@ def group_sizes(ns: dict[str, Any]) -> None:
 def equals_big_batch(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _trained, seed, False)
-    data = _data(seed)
+    data = _data(seed, _n(seed))
     truth, loss = _big_batch_run(seed, data, MICRO * ACCUM, F.cross_entropy)
     diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
         naive = _max_diff(seen["weights"], _naive_run(seed, data)) < 1e-6
         hint = (
-            "you divide each micro-batch mean by the number of micro-batches: the last group (11 samples, its last "
-            "micro-batch only 1) is over-weighted. Sum the per-sample losses and divide by the targets in the group"
+            "you divide each micro-batch mean by the number of micro-batches: micro-batches with fewer real "
+            f"targets weigh as much as full ones, and the last group (micro-batches of {_micro_sizes(data)[-1]} "
+            "samples) gets too small a gradient. Sum the per-target losses and divide by the real targets in the "
+            "group"
             if naive
             else "use cross_entropy(..., reduction='sum') / (real targets in the whole group: y != -100) for every "
             "micro-batch, and zero the gradients only after each optimizer step"
@@ -186,7 +205,8 @@ def weighted(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _trained, seed, True)
     weights = _WEIGHTS
-    data = _data(seed, 37, padded=False)
+    data = _data(seed, WEIGHTED_N)
+
     def weighted_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(out, y, weight=weights)
 
@@ -198,7 +218,7 @@ def weighted(ns: dict[str, Any]) -> None:
         )
         hint = (
             "you divide by the number of samples; a weighted mean divides by the sum of the weights of the selected "
-            "samples: class_weights[y].sum() over the group"
+            "samples: class_weights[y[y != -100]].sum() over the group"
             if _max_diff(seen["weights"], by_count) < 1e-6
             else "per micro-batch use cross_entropy(out, y, weight=class_weights, reduction='sum') and divide by "
             "class_weights[y] summed over the whole group"

@@ -2,7 +2,7 @@
 
 The learner defines ``count_trainable(model)``, ``stored_bytes(model)`` and
 ``measure_latency(model, example, device, *, warmup, reps, timer)``. Memory answers are compared with the
-reference in :mod:`course_lib.perf.memory` on a model with buffers, frozen layers and mixed dtypes.
+reference in :mod:`course_lib.perf.memory` on a model with buffers, frozen layers, mixed dtypes and a tied weight.
 
 Latency is checked without ever reading a real clock (machines are shared and noisy): the check passes a
 *fake* clock that only the model advances, and a model whose first calls are slow. A correct measurement
@@ -27,14 +27,38 @@ from course_lib.perf.memory import stored_bytes as reference_stored_bytes
 REPORT_KEYS = ("median_ms", "batch", "shape", "device", "precision", "warmup", "reps")
 
 
+class _MemoryModel(nn.Module):
+    """A body of layers plus an embedding tied to an output layer (one weight, two modules); never run."""
+
+    def __init__(self, body: nn.Module, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.body = body
+        self.embed = nn.Embedding(vocab, hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied: state_dict() lists it twice, parameters() once
+
+
 def _memory_model(seed: int) -> nn.Module:
-    """Trainable and frozen layers, BatchNorm buffers (one of them int64) and a half-precision buffer."""
+    """Trainable and frozen layers, BatchNorm buffers (one of them int64), a half-precision buffer and a weight
+    shared by two modules."""
     hidden = 8 + seed % 9  # sizes differ in every grading run
-    model = nn.Sequential(nn.Linear(6, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, 3))
-    model[0].requires_grad_(False)  # a frozen feature layer: stored, not trained
+    body = nn.Sequential(nn.Linear(6, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, 3))
+    body[0].requires_grad_(False)  # a frozen feature layer: stored, not trained
+    model = _MemoryModel(body, 5 + seed % 6, hidden)
     model.register_buffer("lookup", torch.zeros(5 + seed % 7, dtype=torch.float16))
     model.scale = nn.Parameter(torch.ones(3 + seed % 5, dtype=torch.float64))
     return model
+
+
+_TIED_HINT = ("a weight shared by two modules (here an embedding tied to the output layer) is one tensor: count it "
+              "once (model.parameters() and model.buffers() list each tensor once; state_dict() and "
+              "named_parameters(remove_duplicate=False) list it under both names)")
+
+
+def _with_duplicates(model: nn.Module, trainable_only: bool) -> int:
+    """The count with the tied weight counted under each of its names."""
+    return sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False)
+               if p.requires_grad or not trainable_only)
 
 
 def _counted(ns: dict[str, Any], name: str, seed: int) -> Any:
@@ -51,11 +75,12 @@ def trainable(ns: dict[str, Any]) -> None:
     expected, got = count_parameters(model, trainable_only=True), observe(ns, _counted, "count_trainable", seed)
     if got != expected:
         total = count_parameters(model, trainable_only=False)
-        hint = (
-            "frozen parameters (requires_grad=False) are not trained: leave them out"
-            if got == total
-            else "count elements (p.numel()) of the parameters whose requires_grad is True"
-        )
+        if got in (total, _with_duplicates(model, False)):
+            hint = "frozen parameters (requires_grad=False) are not trained: leave them out"
+        elif got == _with_duplicates(model, True):
+            hint = _TIED_HINT
+        else:
+            hint = "count elements (p.numel()) of the parameters whose requires_grad is True, each tensor once"
         raise CheckFailed("count_trainable counted the wrong parameters", hint=hint, expected=expected, got=got)
 
 
@@ -66,13 +91,16 @@ def stored(ns: dict[str, Any]) -> None:
     expected, got = reference_stored_bytes(model), observe(ns, _counted, "stored_bytes", seed)
     if got != expected:
         params_only = sum(p.numel() * p.element_size() for p in model.parameters())
-        if got == params_only:
+        by_name = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        if got == by_name or got == expected + model.embed.weight.numel() * model.embed.weight.element_size():
+            hint = _TIED_HINT
+        elif got == params_only:
             hint = ("buffers (BatchNorm running statistics, registered lookup tables) are stored too: add "
                     "model.buffers()")
         elif got == 4 * sum(t.numel() for t in list(model.parameters()) + list(model.buffers())):
             hint = "not every tensor is 4 bytes per element: use t.element_size() (fp16 is 2, int64 and float64 are 8)"
         else:
-            hint = "sum t.numel() * t.element_size() over parameters (frozen included) and buffers"
+            hint = "sum t.numel() * t.element_size() over parameters (frozen included) and buffers, each tensor once"
         raise CheckFailed("stored_bytes does not match the bytes this model holds", hint=hint, expected=expected,
                           got=got)
 

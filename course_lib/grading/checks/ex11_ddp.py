@@ -208,6 +208,14 @@ def rank0_saves(ns: dict[str, Any]) -> None:
                                                                               run["ranks"][0]["params"]):
         raise CheckFailed(f"{CHECKPOINT} does not hold the trained weights",
                           hint="save model.module.state_dict() after the last step (module: the model inside DDP)")
+    names = list(ddp_demo.make_model(cfg["seed"]).state_dict())
+    keys = run.get("checkpoint_keys")
+    if not isinstance(keys, list) or sorted(keys) != sorted(names):
+        raise CheckFailed(f"{CHECKPOINT} holds the trained weights under other names than the model's, so "
+                          "model.load_state_dict(torch.load(...)) on the plain model fails",
+                          hint="save model.module.state_dict(): the DDP wrapper's own state_dict() puts 'module.' "
+                               "in front of every name",
+                          expected=names, got=keys)
     _trained_from_this_run(cfg, checkpoint, f"the weights in {CHECKPOINT}")
 
 

@@ -125,12 +125,23 @@ def _callbacks(ns: dict[str, Any], patience: int, min_delta: float) -> Any:
     for c in cbs:
         if isinstance(c, EarlyStopping):
             out.append({"kind": "EarlyStopping", "monitor": c.monitor, "mode": c.mode, "patience": c.patience,
-                        "min_delta": abs(float(c.min_delta))})
+                        "min_delta": float(c.min_delta)})  # signed: Lightning stores it negated for mode='min'
         elif isinstance(c, ModelCheckpoint):
             out.append({"kind": "ModelCheckpoint", "monitor": c.monitor, "mode": c.mode, "save_top_k": c.save_top_k})
         else:
             out.append({"kind": type(c).__name__})
     return out
+
+
+def _as_passed(stored: Any, mode: Any) -> Any:
+    """The min_delta a learner passed, from what EarlyStopping stored (its sign flipped for mode='min', whatever
+    the Lightning version does): a negative min_delta, which counts a worse val_loss as an improvement, stays
+    negative instead of being hidden by abs()."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    if not isinstance(stored, float) or mode not in ("min", "max"):
+        return stored
+    return stored if EarlyStopping(monitor=MONITOR, mode=mode, min_delta=1.0).min_delta > 0 else -stored
 
 
 @check_for("12", "EarlyStopping and ModelCheckpoint settings", points=2, parts=("12.2",))
@@ -144,6 +155,7 @@ def callbacks(ns: dict[str, Any]) -> None:
         raise CheckFailed("make_callbacks should return one EarlyStopping and one ModelCheckpoint", got=kinds)
     es, mc = stops[0], ckpts[0]
     got_es = {k: es[k] for k in ("monitor", "mode", "patience", "min_delta")}
+    got_es["min_delta"] = _as_passed(got_es["min_delta"], got_es["mode"])
     want_es = {"monitor": MONITOR, "mode": "min", "patience": patience, "min_delta": min_delta}
     if got_es["monitor"] != MONITOR or got_es["mode"] != "min" or got_es["patience"] != patience or abs(
         got_es["min_delta"] - min_delta

@@ -188,8 +188,29 @@ class _Hidden(nn.Module):  # a plain list hides two layers; one frozen layer sti
         self.hidden = [nn.Linear(width, width), nn.Linear(width, width)]
 
 
+class _Tied(nn.Module):  # BatchNorm's buffers are not parameters; a weight shared by two modules is one parameter
+    def __init__(self, vocab: int, width: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.norm = nn.BatchNorm1d(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+
 def _count_models(seed: int) -> list[nn.Module]:
-    return [_Hidden(4 + seed % 6), nn.Sequential(nn.Embedding(11 + seed % 13, 3), nn.LayerNorm(3))]
+    return [_Hidden(4 + seed % 6), nn.Sequential(nn.Embedding(11 + seed % 13, 3), nn.LayerNorm(3)),
+            _Tied(7 + seed % 5, 3 + seed % 4)]
+
+
+def _count_hint(model: nn.Module, got: str) -> str:
+    """The hint for a wrong count: what the count matches."""
+    if got == repr(sum(t.numel() for t in model.state_dict().values())):
+        return ("state_dict() also holds buffers (BatchNorm's running statistics: not parameters) and lists a weight "
+                "shared by two modules under both names: sum(p.numel() for p in model.parameters())")
+    if got == repr(sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))):
+        return ("a weight shared by two modules (an embedding tied to the output layer) is one parameter: count it "
+                "once, as model.parameters() does")
+    return "sum(p.numel() for p in model.parameters())"
 
 
 def _counts(ns: dict[str, Any], seed: int) -> list[Any]:
@@ -204,8 +225,8 @@ def counts(ns: dict[str, Any]) -> None:
         if got != repr(expected):
             raise CheckFailed(
                 "count_registered should add up the elements of every registered parameter (frozen ones too), "
-                "and nothing hidden in plain lists",
-                hint="sum(p.numel() for p in model.parameters())",
+                "each once, and nothing hidden in plain lists or buffers",
+                hint=_count_hint(model, got),
                 expected=expected,
                 got=got,
             )

@@ -11,11 +11,12 @@ replaying the reference with one piece left out, to name what was forgotten.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,9 @@ def _forgetting(what: str) -> Callable[..., int]:
 HINTS = {
     "optimizer state": "save optimizer.state_dict() and restore it with optimizer.load_state_dict(...): AdamW's "
                        "moments and step count are part of the run",
-    "random number generators": "save torch.get_rng_state(), np.random.get_state() and random.getstate() (and "
-                                "torch.cuda.get_rng_state_all() when a GPU is present) and restore all of them last",
+    "random number generators": "save torch.get_rng_state(), np.random.get_state() (all five fields: the cached "
+                                "Gaussian too) and random.getstate() (and torch.cuda.get_rng_state_all() when a GPU "
+                                "is present) and restore every one of them",
     "data position": "save data.state_dict() (epoch *and* position in the epoch) and restore it with "
                      "data.load_state_dict(...): the run was interrupted mid-epoch",
 }
@@ -188,10 +190,20 @@ def scaler_restored(ns: Any) -> None:
 
 # ------------------------------------------------------------------------------------------- atomic write
 class _Unpicklable:
-    """Put where every checkpoint looks (an optimizer param group): serialising it fails half-way."""
+    """Put where every checkpoint looks (an optimizer param group): serialising it fails half-way, after ``spy()``
+    has noted where the file being written is."""
+
+    def __init__(self, spy: Callable[[], None] = lambda: None) -> None:
+        self.spy = spy
 
     def __reduce_ex__(self, protocol: Any) -> Any:
+        self.spy()
         raise RuntimeError("simulated failure while the checkpoint was being written")
+
+
+def _files(folder: Path, but: str = "") -> list[str]:
+    """The files in ``folder`` (not folders: torch may create its compile cache folder in the temporary one)."""
+    return sorted(p.name for p in folder.iterdir() if p.name != but and p.is_file())
 
 
 def _atomic_config(ns: Any) -> tuple[harness.HarnessConfig, int]:
@@ -214,8 +226,9 @@ def _failing_saves(ns: dict[str, Any]) -> dict[str, Any]:
     load = need(ns, "load_checkpoint", HOW_LOAD)
     cfg, good_steps = _atomic_config(ns)
     out: dict[str, Any] = {}
-    with harness.isolated(), tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "checkpoint.pt"
+    with harness.isolated(), tempfile.TemporaryDirectory() as folder, _system_temp(Path(folder) / "tmp") as system:
+        (Path(folder) / "run").mkdir()
+        path = Path(folder) / "run" / "checkpoint.pt"
         parts = harness.build(cfg)
         for _ in range(good_steps):
             harness.train_step(parts, cfg.augment)
@@ -223,8 +236,12 @@ def _failing_saves(ns: dict[str, Any]) -> dict[str, Any]:
         out["good"] = [p.detach().clone() for p in parts.model.parameters()]
         harness.train_step(parts, cfg.augment)  # the state the failing saves try to write
         out["new"] = [p.detach().clone() for p in parts.model.parameters()]
-        failures: list[tuple[str, Callable[[], None]]] = [("serialisation",
-                                                          lambda: _poisoned_save(save, path, parts, good_steps + 1))]
+        def spy() -> None:  # while the failing save writes: which folder holds a new file?
+            out["written beside the checkpoint"] = _files(path.parent, but=path.name)
+            out["written in the system temp folder"] = _files(system)
+
+        failures: list[tuple[str, Callable[[], None]]] = [
+            ("serialisation", lambda: _poisoned_save(save, path, parts, good_steps + 1, spy))]
         if hasattr(signal, "SIGXFSZ") and threading.current_thread() is threading.main_thread():
             failures.append(("disk full", lambda: _size_limited_save(save, path, parts, good_steps + 1)))
         for name, failing in failures:
@@ -239,11 +256,25 @@ def _failing_saves(ns: dict[str, Any]) -> dict[str, Any]:
                 out[name] = [p.detach().clone() for p in fresh.model.parameters()]
             except Exception as exc:
                 out[name] = f"{type(exc).__name__}: {exc}"[:300]
+        out["left over"] = [*_files(path.parent, but=path.name), *(f"{system}/{n}" for n in _files(system))]
     return out
 
 
-def _poisoned_save(save: Callable[..., Any], path: Path, parts: harness.Parts, step: int) -> None:
-    parts.optimizer.param_groups[0]["poison"] = _Unpicklable()
+@contextlib.contextmanager
+def _system_temp(folder: Path) -> Iterator[Path]:
+    """``folder`` stands in for the system's temporary folder (what tempfile uses without ``dir=``) meanwhile."""
+    folder.mkdir()
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(folder)
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = saved
+
+
+def _poisoned_save(save: Callable[..., Any], path: Path, parts: harness.Parts, step: int,
+                   spy: Callable[[], None]) -> None:
+    parts.optimizer.param_groups[0]["poison"] = _Unpicklable(spy)
     try:
         save(path, step=step, **parts.objects())
     finally:
@@ -264,7 +295,7 @@ def _size_limited_save(save: Callable[..., Any], path: Path, parts: harness.Part
         signal.signal(signal.SIGXFSZ, previous)
 
 
-@check_for("14", "a save that fails mid-write keeps the previous checkpoint", points=2,
+@check_for("14", "a save that fails mid-write keeps the previous checkpoint, leaves no temporary file", points=2,
            parts=("14.1", "14.2", "14.3", "14.4"))
 def atomic_write(ns: Any) -> None:
     seen = observe(ns, _failing_saves)
@@ -289,6 +320,21 @@ def atomic_write(ns: Any) -> None:
                 hint="write to a temporary file in the same folder (tempfile.mkstemp(dir=path.parent)), flush and "
                      "os.fsync it, then os.replace(tmp, path); on failure delete the temporary file",
                 expected="the previous checkpoint, intact", got=what)
+    elsewhere = seen.get("written in the system temp folder")
+    if elsewhere:
+        raise CheckFailed(
+            "save_checkpoint wrote its temporary file in the system's temporary folder, not beside the checkpoint: "
+            "os.replace is atomic only within one file system, and the temporary folder is often another one (a "
+            "RAM disk), where the rename fails or becomes a copy that a crash can cut in half",
+            hint="create it in the checkpoint's folder: tempfile.mkstemp(dir=path.parent)",
+            expected="the temporary file in the checkpoint's folder", got=f"{elsewhere} in the temporary folder")
+    if seen.get("left over"):
+        raise CheckFailed(
+            "a save that failed left its temporary file behind: every failed save would leave another one, until "
+            "the disk is full",
+            hint="when anything fails, delete the temporary file and re-raise (try: ... except BaseException: "
+                 "os.unlink(tmp); raise)",
+            expected="no file but the checkpoint", got=seen["left over"])
 
 
 # ------------------------------------------------------------------------------------------- clear errors

@@ -83,37 +83,92 @@ def _counter_cases(seed: int) -> dict[str, tuple[Any, list[torch.Tensor]]]:
     xs = torch.randn(5, 6, generator=g, requires_grad=True)
     blocks = block_stack(2, 8, p=0.0, seed=seed)
     xb = torch.randn(3, 8, generator=g)
+    big = torch.randn(10 + seed % 7, 4, generator=g, requires_grad=True)
+    start = 1 + seed % 3
     return {
         "a * a (one tensor, saved twice)": (lambda: a * a, []),
         "a float64 exp (bytes, not elements)": (lambda: a.double().exp(), []),
         "Linear with its parameters excluded": (lambda: linear(xs).relu(), list(linear.parameters())),
         "two residual blocks, parameters excluded": (lambda: blocks[1](blocks[0](xb)), list(blocks.parameters())),
+        # sin saves its input: a view of three rows, whose whole storage stays alive for backward
+        f"sin of a slice big[{start}:{start + 3}] (the whole storage is kept)": (
+            lambda: big[start : start + 3].sin(), []),
     }
+
+
+FIRST = "a * a (one tensor, saved twice)"
+AGAIN = "the first case, counted again"
 
 
 def _learner_counts(ns: dict[str, Any], seed: int) -> dict[str, Any]:
     counter = need(ns, "count_saved_bytes", "define `count_saved_bytes(fn, exclude=())`")
-    return {name: call(counter, fn, exclude) for name, (fn, exclude) in _counter_cases(seed).items()}
+    cases = _counter_cases(seed)
+    got = {name: call(counter, fn, exclude) for name, (fn, exclude) in cases.items()}
+    fn, exclude = cases[FIRST]
+    got[AGAIN] = call(counter, fn, exclude)  # a counter that keeps state between calls answers differently
+    return got
+
+
+def _miscounts(fn: Any, exclude: list[torch.Tensor]) -> dict[str, int]:
+    """What each known way of counting wrong gives for ``fn``: the value names the mistake."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    storages: dict[int, tuple[int, int]] = {}
+    views: dict[int, int] = {}
+    every: dict[int, int] = {}
+    per_save = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal per_save
+        storage = t.untyped_storage()
+        every[storage.data_ptr()] = storage.nbytes()
+        if storage.data_ptr() not in skip:
+            storages[storage.data_ptr()] = (storage.nbytes(), storage.nbytes() // t.element_size())
+            views[storage.data_ptr()] = t.numel() * t.element_size()
+            per_save += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return {"elements": sum(n for _, n in storages.values()), "per save": per_save,
+            "exclude ignored": sum(every.values()), "views": sum(views.values())}
+
+
+_MISCOUNT_HINTS = {
+    "elements": "count bytes (untyped_storage().nbytes()), not elements (numel())",
+    "per save": "a tensor saved by two operations (or twice by one) is one piece of memory: remember each "
+                "storage's data_ptr() and count it once",
+    "exclude ignored": "skip the storages of the tensors in `exclude` (the weights are the model's state, not "
+                       "activations)",
+    "views": "a saved tensor can be a view (a slice) of a larger storage, and backward keeps the whole storage "
+             "alive: count t.untyped_storage().nbytes(), not the view's numel() * element_size()",
+}
+
+
+def _counter_hint(fn: Any, exclude: list[torch.Tensor], value: Any, want: int, got: dict[str, Any]) -> str:
+    """The hint for a wrong count, chosen by what the value matches (not by which case it was)."""
+    first = got.get(FIRST)
+    if AGAIN in got and got[AGAIN] != first:
+        return (f"count_saved_bytes gave {first} the first time and {got[AGAIN]} when called again on the same "
+                "function: start from nothing on every call (a new dict or set inside the function, not a global "
+                "or a default argument)")
+    for mistake, miscount in _miscounts(fn, exclude).items():
+        if miscount != want and value == miscount:
+            return _MISCOUNT_HINTS[mistake]
+    return ("count every storage saved for backward once, in bytes (untyped_storage().nbytes()), except those of "
+            "`exclude`")
 
 
 @check_for("15", "count_saved_bytes: distinct saved storages, in bytes", points=1, parts=("15.1",))
 def counter_counts(ns: Any) -> None:
     seed = run_seed(ns) % 1000
     got = observe(ns, _learner_counts, seed)
-    for name, (fn, exclude) in _counter_cases(seed).items():
+    cases = _counter_cases(seed)
+    for name, (fn, exclude) in [*cases.items(), (AGAIN, cases[FIRST])]:
         want = count_saved_bytes(fn, exclude)
         value = got.get(name) if isinstance(got, dict) else got
         if value != want:
-            hints = {
-                "a * a (one tensor, saved twice)": "a tensor saved by two operations (or twice by one) is one piece "
-                "of memory: remember each storage's data_ptr() and count it once",
-                "a float64 exp (bytes, not elements)": "count bytes (untyped_storage().nbytes()), not numel()",
-                "Linear with its parameters excluded": "skip the storages of the tensors in `exclude` (the weights "
-                "are the model's state, not activations)",
-            }
             raise CheckFailed(f"count_saved_bytes is wrong for {name}",
-                              hint=hints.get(name, "count every storage saved for backward once, in bytes, "
-                                                   "except those of `exclude`"),
+                              hint=_counter_hint(fn, exclude, value, want, got if isinstance(got, dict) else {}),
                               expected=want, got=value)
 
 

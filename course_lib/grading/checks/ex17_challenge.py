@@ -84,12 +84,15 @@ def _max_diff(a: list[Any], b: list[torch.Tensor]) -> float:
     return max(float((p.float() - q).abs().max()) for p, q in zip(a, b))
 
 
+ORIGINAL_HINT = ("this is the original's `loss / accum` normalisation: every micro-batch's mean weighs the same "
+                 "whatever its number of labelled samples, and the short last group is divided by cfg.accum too. "
+                 "Divide the group's summed loss by the number of labelled samples in the whole group")
+
+
 def _normalisation_hint(weights: list[Any], seed: int) -> str:
     """Name the mistake when the weights are those of a known wrong normalisation."""
     if _max_diff(weights, _reference(seed, train_original)[1]) < 1e-5:
-        return ("this is the original's `loss / accum` normalisation: the short last group's samples weigh more, "
-                "and unlabelled samples count in each micro-batch's mean. Divide the group's summed loss by the "
-                "number of labelled samples in the whole group")
+        return ORIGINAL_HINT
     if _max_diff(weights, _reference(seed, _counting_all_samples)[1]) < 1e-5:
         return (f"you divide by every sample of the group; unlabelled samples (target {IGNORE}) are not samples: "
                 f"divide by (y != {IGNORE}).sum() over the group")
@@ -136,6 +139,29 @@ def _timed(ns: dict[str, Any], seed: int) -> dict[str, Any]:
     return time_against_original(need(ns, "train_fast", HOW), seed=seed)
 
 
+def _timed_call_hint(seed: int, data_seed: Any, got: Any) -> str:
+    """What the last timed call's losses show: the hint names that, not a guess."""
+    if not isinstance(data_seed, int) or not isinstance(got, list):
+        return f"return the list of per-step losses (floats) from every call; the timed call returned {got!r:.80}"
+    n = len(challenge_data(data_seed)[1])
+    expected = train_reference(challenge_model(seed), *challenge_data(data_seed), CFG)
+    if len(got) != len(expected):
+        return (f"the timed call's data had {n} samples, {len(expected)} steps, but train_fast returned {len(got)} "
+                "losses: one loss per step, the short last group included, for whatever data it is given")
+    if losses_match(got, train_original(challenge_model(seed), *challenge_data(data_seed), CFG)):
+        return ORIGINAL_HINT
+    # The timed calls train on data sets seed, seed + 1, ...: losses of another one were kept from an earlier call.
+    for other in range(seed, seed + 30):
+        data = challenge_data(other)
+        if other != data_seed and losses_match(got, train_reference(challenge_model(seed), *data, CFG)):
+            return ("these are the losses of an earlier call's data: train_fast kept something from one call to the "
+                    "next (a result, a model, statistics). Every call must train the model it is given, on the "
+                    "images and labels it is given")
+    return (f"on the timed call's data ({n} samples) the losses differ from the reference's: every call must train "
+            "the model it is given on the images and labels it is given, with nothing kept from an earlier call, "
+            "and each step's loss is the group's mean loss over its labelled samples")
+
+
 @check_for("17", f"at least {SPEED_THRESHOLD:g}x faster than the original, side by side", points=2, parts=("17.1",))
 def speed(ns: dict[str, Any]) -> None:
     seed = _seed(ns) + 1
@@ -151,7 +177,7 @@ def speed(ns: dict[str, Any]) -> None:
             last["losses"], train_reference(challenge_model(seed), *challenge_data(data_seed), CFG)):
         raise CheckFailed("the timed calls of train_fast did not return the reference's losses for their data, "
                           "so their speed does not count",
-                          hint="make the first two checks pass; every call must train the model it is given")
+                          hint=_timed_call_hint(seed, data_seed, last.get("losses")))
     if outcome == "busy":
         assert verdict is not None
         raise CheckFailed(
