@@ -355,7 +355,10 @@ def test_in_notebook_check_raises_assertion_error_and_names_the_missing_function
 
     with pytest.raises(AssertionError, match="exercise 02"):
         check("02", {})
-    assert "define `loader_config(cores, device_type)`" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "define `loader_config(cores, device_type)`" in out
+    # Every notebook check says it is the practice loop, and how the grade is made.
+    assert "for practice" in out and "python -m course_lib check 02" in out
 
 
 def test_demo_cells_after_an_exercise_do_not_stop_run_all(tmp_path: Path) -> None:

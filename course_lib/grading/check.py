@@ -27,6 +27,12 @@ class ChecksFailed(AssertionError):
         return [f"\x1b[31m{self}\x1b[0m"]
 
 
+def practice_note(number: str) -> str:
+    """What the in-notebook check is for, and where the grade comes from (said under every notebook check)."""
+    return (f"(This check ran in your kernel: seconds, for practice. The grade comes from the saved notebook, run "
+            f"afresh in a sandbox: save it, then run `python -m course_lib check {number}` in a terminal.)")
+
+
 def check(exercise: str | int, namespace: dict[str, Any]) -> None:
     """Run every check of ``exercise`` against ``namespace`` (pass ``globals()``), print a table.
 
@@ -38,6 +44,7 @@ def check(exercise: str | int, namespace: dict[str, Any]) -> None:
     if not results:
         raise AssertionError(f"exercise {number} has no checks (is course_lib up to date?)")
     print(format_results(results))
+    print(practice_note(number))
     journal.exercise_checked(number, sum(r.earned for r in results), sum(r.points for r in results))
     failed = [r.name for r in results if not r.passed]
     if failed:

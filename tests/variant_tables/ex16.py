@@ -44,6 +44,31 @@ WRONG = [
         def intra_op_threads(cores, workers=0, busy=0):
             return cores - workers - busy
         """, "fewer than one"),
+    ("threads per rank: the cores left not shared (every rank takes them all)", """
+        def threads_per_rank(cores, ranks, workers_per_rank=0, busy=0):
+            return max(1, cores - ranks * workers_per_rank - busy)
+        """, "equal share"),
+    ("threads per rank: one rank's workers counted, not every rank's", """
+        def threads_per_rank(cores, ranks, workers_per_rank=0, busy=0):
+            return max(1, (cores - workers_per_rank - busy) // ranks)
+        """, "equal share"),
+    ("threads per rank: rounded up (more threads than free cores)", """
+        import math
+        def threads_per_rank(cores, ranks, workers_per_rank=0, busy=0):
+            return max(1, math.ceil((cores - ranks * workers_per_rank - busy) / ranks))
+        """, "equal share"),
+    ("threads per rank: true division (a fraction of a thread)", """
+        def threads_per_rank(cores, ranks, workers_per_rank=0, busy=0):
+            return max(1, (cores - ranks * workers_per_rank - busy) / ranks)
+        """, "equal share"),
+    ("threads per rank: torchrun's default kept (1 whatever the machine)", """
+        def threads_per_rank(cores, ranks, workers_per_rank=0, busy=0):
+            return 1
+        """, "equal share"),
+    ("threads per rank: no floor", """
+        def threads_per_rank(cores, ranks, workers_per_rank=0, busy=0):
+            return (cores - ranks * workers_per_rank - busy) // ranks
+        """, "at least one"),
 ]
 
 RIGHT = [
@@ -65,5 +90,13 @@ RIGHT = [
             if left < 1:
                 return 1
             return left
+        """),
+    ("threads per rank: each rank's share of the machine, less its own workers", """
+        def threads_per_rank(cores, ranks, workers_per_rank=0, busy=0):
+            return max(1, (cores - busy) // ranks - workers_per_rank)
+        """),
+    ("threads per rank: built on intra_op_threads", """
+        def threads_per_rank(cores, ranks, workers_per_rank=0, busy=0):
+            return max(1, intra_op_threads(cores, ranks * workers_per_rank, busy) // ranks)
         """),
 ]

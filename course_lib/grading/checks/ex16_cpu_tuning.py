@@ -1,9 +1,10 @@
 """Checks for exercise 16: channels_last conversion and the intra-op thread count.
 
-The learner writes ``to_channels_last(model, x)`` and ``intra_op_threads(cores, workers=0, busy=0)``. The model's
-width, the batch and the machines planned for come from the grading run's seed; the grader rebuilds the same seeded
-model and batch, and judges layouts, shapes, outputs and thread counts against :mod:`course_lib.perf.memory_format`
-and :mod:`course_lib.perf.threads`.
+The learner writes ``to_channels_last(model, x)``, ``intra_op_threads(cores, workers=0, busy=0)`` and
+``threads_per_rank(cores, ranks, workers_per_rank=0, busy=0)`` (a part the lesson did not show: a torchrun job's
+processes sharing one machine). The model's width, the batch and the machines planned for come from the grading run's
+seed; the grader rebuilds the same seeded model and batch, and judges layouts, shapes, outputs and thread counts
+against :mod:`course_lib.perf.memory_format` and :mod:`course_lib.perf.threads` (part 3: the rule written out below).
 """
 
 from __future__ import annotations
@@ -155,3 +156,71 @@ def at_least_one(ns: Any) -> None:
         if value != 1:
             raise CheckFailed(f"intra_op_threads({c}, workers={w}, busy={b}): with no core left the process still "
                               "needs one thread", hint="max(1, ...)", expected=1, got=value)
+
+
+# ---------------------------------------------------------------- 16.3: threads per rank of a torchrun job
+def _jobs(seed: int) -> list[tuple[int, int, int, int]]:
+    """``(cores, ranks, workers_per_rank, busy)``: jobs whose share divides evenly, jobs where it does not (rounding
+    decides), and jobs with no core left per rank."""
+    out = []
+    for i in range(10):
+        ranks = (2, 3, 4, 6, 8)[(seed + i) % 5]
+        workers = (seed // 5 + i) % 4
+        busy = (seed // 3 + 2 * i) % 3
+        spare = (seed // 7 + 3 * i) % (ranks * 3)  # cores left before sharing: a multiple of ranks or not
+        out.append((ranks * (workers + 1) + busy + spare, ranks, workers, busy))
+    ranks = (2, 4, 8)[seed % 3]
+    out += [(ranks * 2 + 1, ranks, 2, 0), (ranks * 3, ranks, 2, 1 + seed % 3)]  # fewer cores left than ranks
+    return out
+
+
+def _share(cores: int, ranks: int, workers: int, busy: int) -> int:
+    return max(1, (cores - ranks * workers - busy) // ranks)
+
+
+def _learner_shares(ns: dict[str, Any], jobs: list[tuple[int, int, int, int]]) -> list[Any]:
+    """``[cores, ranks, workers_per_rank, busy, answer]`` per job: the inputs are recorded with the answers."""
+    plan = need(ns, "threads_per_rank", "define `threads_per_rank(cores, ranks, workers_per_rank=0, busy=0)`")
+    return [[c, r, w, b, call(plan, c, r, w, b)] for c, r, w, b in jobs]
+
+
+def _shares(ns: Any, keep: Any) -> list[tuple[tuple[int, int, int, int], Any]]:
+    jobs = [j for j in _jobs(run_seed(ns)) if keep(*j)]
+    recorded = observe(ns, _learner_shares, jobs)
+    asked = [tuple(row[:4]) for row in recorded] if isinstance(recorded, list) else None
+    if asked != jobs:
+        raise CheckFailed("the recorded answers are not for this run's jobs", expected=jobs, got=asked)
+    return [(job, row[4]) for job, row in zip(jobs, recorded)]
+
+
+def _share_hint(job: tuple[int, int, int, int], got: Any) -> str:
+    cores, ranks, workers, busy = job
+    left = cores - ranks * workers - busy
+    if got == max(1, cores - workers - busy) or got == max(1, left):
+        return "the cores left are shared by all the ranks: divide by `ranks`"
+    if got == max(1, (cores - workers - busy) // ranks):
+        return "every rank has its own workers: `ranks * workers_per_rank` cores go to workers"
+    if isinstance(got, (int, float)) and not isinstance(got, bool) and got == max(1, -(-left // ranks)):
+        return "round down: rounding up gives the ranks together more threads than there are free cores"
+    if isinstance(got, float):
+        return "a thread count is a whole number: use // (rounding down)"
+    return "cores - ranks * workers_per_rank - busy cores are left; each rank gets that // ranks, and at least 1"
+
+
+@check_for("16", "threads per rank: an equal share of the cores left, rounded down", points=1, parts=("16.3",))
+def threads_per_rank_share(ns: Any) -> None:
+    for job, got in _shares(ns, lambda c, r, w, b: c - r * w - b >= r):
+        want = _share(*job)
+        if got != want or type(got) is not int:
+            cores, ranks, workers, busy = job
+            raise CheckFailed(f"threads_per_rank({cores}, ranks={ranks}, workers_per_rank={workers}, busy={busy}) "
+                              "is wrong", hint=_share_hint(job, got), expected=want, got=got)
+
+
+@check_for("16", "threads per rank: at least one when fewer cores than ranks are left", points=1, parts=("16.3",))
+def threads_per_rank_at_least_one(ns: Any) -> None:
+    for (cores, ranks, workers, busy), got in _shares(ns, lambda c, r, w, b: c - r * w - b < r):
+        if got != 1:
+            raise CheckFailed(f"threads_per_rank({cores}, ranks={ranks}, workers_per_rank={workers}, busy={busy}): "
+                              "with less than a core per rank left, every rank still needs one thread",
+                              hint="max(1, ...)", expected=1, got=got)
