@@ -111,6 +111,101 @@ WRONG = [
             return sum(sizes.values())
         """, "count_saved_bytes"),
     ("counter keeps its dict of storages between calls (a default argument)", SHARED_DICT, "count_saved_bytes"),
+    ("plan: the first blocks of the stack until it fits", """
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if sum(checkpointed) > budget:
+                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
+            total, chosen = sum(plain), []
+            for i in range(len(plain)):
+                if total <= budget:
+                    break
+                total -= plain[i] - checkpointed[i]
+                chosen.append(i)
+            return chosen
+        """, "save most"),
+    ("plan: the blocks that keep most plainly first (not those that save most)", """
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if sum(checkpointed) > budget:
+                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
+            total, chosen = sum(plain), []
+            for i in sorted(range(len(plain)), key=lambda i: (-plain[i], i)):
+                if total <= budget:
+                    break
+                total -= plain[i] - checkpointed[i]
+                chosen.append(i)
+            return sorted(chosen)
+        """, "save most"),
+    ("plan: stops only below the budget (< instead of <=)", """
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if sum(checkpointed) > budget:
+                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
+            total, chosen = sum(plain), []
+            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i)):
+                if total < budget:
+                    break
+                total -= plain[i] - checkpointed[i]
+                chosen.append(i)
+            return sorted(chosen)
+        """, "save most"),
+    ("plan: ties go to the higher index", """
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if sum(checkpointed) > budget:
+                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
+            total, chosen = sum(plain), []
+            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), -i)):
+                if total <= budget:
+                    break
+                total -= plain[i] - checkpointed[i]
+                chosen.append(i)
+            return sorted(chosen)
+        """, "save most"),
+    ("plan: indices in the order they were chosen, not sorted", """
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if sum(checkpointed) > budget:
+                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
+            total, chosen = sum(plain), []
+            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i)):
+                if total <= budget:
+                    break
+                total -= plain[i] - checkpointed[i]
+                chosen.append(i)
+            return chosen
+        """, "save most"),
+    ("plan: always checkpoints at least one block", """
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if sum(checkpointed) > budget:
+                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
+            order = sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i))
+            total, chosen = sum(plain) - (plain[order[0]] - checkpointed[order[0]]), [order[0]]
+            for i in order[1:]:
+                if total <= budget:
+                    break
+                total -= plain[i] - checkpointed[i]
+                chosen.append(i)
+            return sorted(chosen)
+        """, "save most"),
+    ("plan: every block when nothing fits, instead of an error", """
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            total, chosen = sum(plain), []
+            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i)):
+                if total <= budget:
+                    break
+                total -= plain[i] - checkpointed[i]
+                chosen.append(i)
+            return sorted(chosen)
+        """, "ValueError"),
+    ("plan: a ValueError that does not say by how much", """
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if sum(checkpointed) > budget:
+                raise ValueError("the budget is too small")
+            total, chosen = sum(plain), []
+            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i)):
+                if total <= budget:
+                    break
+                total -= plain[i] - checkpointed[i]
+                chosen.append(i)
+            return sorted(chosen)
+        """, "ValueError"),
 ]
 
 RIGHT = [
@@ -135,5 +230,33 @@ RIGHT = [
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 fn()
             return sum(n for _, n in seen)
+        """),
+    ("plan: take the largest saving left, one at a time, with max()", """
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            over = sum(checkpointed) - budget
+            if over > 0:
+                raise ValueError(f"checkpointing every block still needs {over} bytes more than the budget")
+            left, chosen, total = set(range(len(plain))), [], sum(plain)
+            while total > budget:
+                best = max(left, key=lambda i: (plain[i] - checkpointed[i], -i))
+                left.remove(best)
+                chosen.append(best)
+                total -= plain[best] - checkpointed[best]
+            return sorted(chosen)
+        """),
+    ("plan: how many bytes must go, then a heap of savings", """
+        import heapq
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if budget < sum(checkpointed):
+                raise ValueError(f"{sum(checkpointed) - budget} bytes over budget even with all blocks checkpointed")
+            need = sum(plain) - budget
+            heap = [(-(p - c), i) for i, (p, c) in enumerate(zip(plain, checkpointed))]
+            heapq.heapify(heap)
+            chosen = []
+            while need > 0:
+                saving, i = heapq.heappop(heap)
+                need += saving
+                chosen.append(i)
+            return sorted(chosen)
         """),
 ]

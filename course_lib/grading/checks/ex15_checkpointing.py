@@ -1,14 +1,17 @@
 """Checks for exercise 15: activation checkpointing, and counting what it saves.
 
 The learner writes ``count_saved_bytes(fn, exclude=())`` (the bytes of the distinct storages autograd saves while
-``fn()`` runs, storages of ``exclude`` skipped) and ``checkpointed_forward(blocks, x, which)`` (blocks in order,
-those whose index is in ``which`` under ``torch.utils.checkpoint``). Sizes, the chosen blocks and the dropout seed
-come from the grading run's seed; the grader recomputes outputs, gradients and byte counts with the course's
-reference (:mod:`course_lib.perf.checkpointing`) and compares.
+``fn()`` runs, storages of ``exclude`` skipped), ``checkpointed_forward(blocks, x, which)`` (blocks in order,
+those whose index is in ``which`` under ``torch.utils.checkpoint``) and ``blocks_to_checkpoint(plain, checkpointed,
+budget)`` (a part the lesson did not show: the fewest blocks to checkpoint to fit a memory budget). Sizes, the
+chosen blocks, the dropout seed and the stacks planned for come from the grading run's seed; the grader recomputes
+outputs, gradients and byte counts with the course's reference (:mod:`course_lib.perf.checkpointing`), and the plans
+with the rule written out below, and compares.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
@@ -224,3 +227,107 @@ def saved_bytes(ns: Any) -> None:
                 "checkpoint exactly the blocks whose index is in `which`, the others run as usual")
         raise CheckFailed(f"with which={case['which']} the forward saved {got} bytes for backward "
                           f"(plain model: {plain})", hint=hint, expected=want, got=got)
+
+
+# ---------------------------------------------------------------- 15.3: a checkpointing plan under a budget
+def _plan_case(rng: random.Random, n: int, k: int) -> dict[str, Any]:
+    """A stack of ``n`` blocks where exactly ``k`` must be checkpointed (the budget is met with equality), with a
+    tie in savings at the margin, the block that saves least first in the stack and keeping the most bytes plainly,
+    and the two blocks that save most out of index order."""
+    distinct = sorted(rng.sample(range(3, 60), n - 1), reverse=True)
+    savings_by_rank = [s * 256 for s in distinct[:k] + [distinct[k - 1]] + distinct[k:]][:n]
+    positions = [0, *rng.sample(range(1, n), n - 1)][::-1]  # rank n-1 (least saving) at index 0
+    if k >= 2 and positions[0] < positions[1]:
+        positions[0], positions[1] = positions[1], positions[0]
+    savings = [0] * n
+    for rank, position in enumerate(positions):
+        savings[position] = savings_by_rank[rank]
+    checkpointed = [rng.choice((1, 2, 4)) * 512 for _ in range(n)]
+    checkpointed[0] = 64 * 1024  # a block that keeps much either way: the most bytes, the least saved
+    plain = [c + s for c, s in zip(checkpointed, savings)]
+    return {"plain": plain, "checkpointed": checkpointed, "budget": sum(plain) - sum(savings_by_rank[:k])}
+
+
+def _plan_cases(seed: int) -> dict[str, dict[str, Any]]:
+    rng = random.Random(seed)
+    cases = {f"{k} block(s) needed": _plan_case(rng, rng.randint(5, 8), k) for k in (1, 2, 3)}
+    fits = _plan_case(rng, 6, 2)
+    cases["the plain stack fits"] = dict(fits, budget=sum(fits["plain"]) + rng.randint(0, 4096))
+    short = _plan_case(rng, 5, 2)
+    cases["nothing fits"] = dict(short, budget=sum(short["checkpointed"]) - rng.randint(1, 50_000))
+    return cases
+
+
+def plan(plain: list[int], checkpointed: list[int], budget: int) -> list[int] | int:
+    """The expected plan, or the bytes by which checkpointing every block misses the budget."""
+    if sum(checkpointed) > budget:
+        return sum(checkpointed) - budget
+    total, chosen = sum(plain), []
+    for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i)):
+        if total <= budget:
+            break
+        total -= plain[i] - checkpointed[i]
+        chosen.append(i)
+    return sorted(chosen)
+
+
+def _learner_plans(ns: dict[str, Any], seed: int) -> dict[str, Any]:
+    choose = need(ns, "blocks_to_checkpoint", "define `blocks_to_checkpoint(plain, checkpointed, budget)`")
+    answers: dict[str, Any] = {}
+    for name, case in _plan_cases(seed).items():
+        try:
+            answers[name] = {"plan": call(choose, list(case["plain"]), list(case["checkpointed"]), case["budget"])}
+        except ValueError as exc:  # the answer asked for when nothing fits: recorded, not a crash
+            answers[name] = {"raised": "ValueError", "message": str(exc)[:300]}
+    return answers
+
+
+def _plan_hint(case: dict[str, Any], got: Any, want: list[int]) -> str:
+    """The likely mistake, from what the wrong plan matches."""
+    plain, checkpointed = case["plain"], case["checkpointed"]
+    if not isinstance(got, list):
+        return "return a list of block indices (an empty list when the plain stack fits)"
+    if sorted(got) == want:
+        return "return the indices sorted, lowest first"
+    if len(got) == len(want) + 1 and set(want) <= set(got):
+        return "stop as soon as the total is at most the budget (<=, not <)"
+    if sorted(got) == list(range(len(got))):
+        return "the first blocks are not the ones that save most: order the blocks by plain[i] - checkpointed[i]"
+    by_plain = sorted(range(len(plain)), key=lambda i: (-plain[i], i))
+    if sorted(got) == sorted(by_plain[:len(got)]):
+        return "a block that keeps many bytes plainly may keep many checkpointed too: order by what it saves"
+    savings = sorted((plain[i] - checkpointed[i] for i in got), reverse=True)
+    if len(got) == len(want) and savings == sorted((plain[i] - checkpointed[i] for i in want), reverse=True):
+        return "on a tie in savings, take the lower index"
+    return "checkpoint the blocks that save most (plain[i] - checkpointed[i]) first, until the total fits"
+
+
+@check_for("15", "blocks_to_checkpoint: the fewest blocks, those that save most", points=1, parts=("15.3",))
+def plans_fit(ns: Any) -> None:
+    got = observe(ns, _learner_plans, run_seed(ns))
+    for name, case in _plan_cases(run_seed(ns)).items():
+        want = plan(case["plain"], case["checkpointed"], case["budget"])
+        if isinstance(want, int):
+            continue
+        answer = got.get(name, {}) if isinstance(got, dict) else {}
+        value = answer.get("plan", f"raised ValueError: {answer.get('message')}" if "raised" in answer else None)
+        if value != want:
+            raise CheckFailed(f"blocks_to_checkpoint is wrong for a stack where {name} "
+                              f"(budget {case['budget']} bytes)", hint=_plan_hint(case, value, want),
+                              expected=want, got=value)
+
+
+@check_for("15", "blocks_to_checkpoint: ValueError when even every block does not fit", points=1, parts=("15.3",))
+def plan_refuses(ns: Any) -> None:
+    got = observe(ns, _learner_plans, run_seed(ns))
+    case = _plan_cases(run_seed(ns))["nothing fits"]
+    missing = plan(case["plain"], case["checkpointed"], case["budget"])
+    answer = got.get("nothing fits", {}) if isinstance(got, dict) else {}
+    if answer.get("raised") != "ValueError":
+        raise CheckFailed(f"with every block checkpointed the stack keeps {sum(case['checkpointed'])} bytes, more "
+                          f"than the budget of {case['budget']}: no plan fits", hint="raise ValueError",
+                          expected="ValueError", got=answer.get("plan"))
+    if str(missing) not in answer.get("message", ""):
+        raise CheckFailed("the ValueError should say by how many bytes the budget is missed",
+                          hint="sum(checkpointed) - budget", expected=f"a message containing {missing}",
+                          got=answer.get("message"))
