@@ -113,20 +113,27 @@ class TwoHeads(nn.Module):
         return self.heads[head](self.body(x))
 
 
-def global_batches(reads: Sequence[Sequence[int]], group: int) -> list[list[int]]:
+def global_batches(reads: Sequence[Sequence[int]], group: int, per_epoch: int | None = None) -> list[list[int]]:
     """The global batch of every optimizer step, from the indices each rank read in order.
 
     ``group`` is the samples one rank contributes to a step (micro-batch size x accumulation steps); the global
-    batch of step k is every rank's k-th group, together. Raises ``ValueError`` when the ranks read different
-    numbers of samples or not whole groups (then no single-process run matches).
+    batch of step k is every rank's k-th group, together. With ``per_epoch`` (the samples one rank reads in an
+    epoch) the reads are cut into epochs first and the last group of each epoch may be short (a step on what is
+    left, as a loop that steps on the short last group does). Raises ``ValueError`` when the ranks read different
+    numbers of samples, or not whole groups (whole epochs with ``per_epoch``): then no single-process run matches.
 
     Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
     """
     lengths = {len(r) for r in reads}
-    if len(lengths) != 1 or next(iter(lengths)) % group:
-        raise ValueError(f"the ranks read {[len(r) for r in reads]} samples: not the same whole number of groups "
-                         f"of {group}")
-    return [[i for r in reads for i in r[k:k + group]] for k in range(0, len(reads[0]), group)]
+    unit = per_epoch or group
+    if len(lengths) != 1 or next(iter(lengths)) % unit:
+        whole = f"epochs of {per_epoch}" if per_epoch else f"groups of {group}"
+        raise ValueError(f"the ranks read {[len(r) for r in reads]} samples: not the same whole number of {whole}")
+    batches = []
+    for start in range(0, len(reads[0]), unit):
+        end = start + unit
+        batches += [[i for r in reads for i in r[k:min(k + group, end)]] for k in range(start, end, group)]
+    return batches
 
 
 def one_process_reference(model: nn.Module, dataset: Dataset, global_batches: Sequence[Sequence[int]],
@@ -134,8 +141,9 @@ def one_process_reference(model: nn.Module, dataset: Dataset, global_batches: Se
     """Train ``model`` in one process with plain SGD, one step per global batch (a list of dataset indices).
 
     The loss of each step is the mean over the whole global batch: what N ranks of DDP compute together when each
-    averages its micro-batches (``loss / accum``, exact here because every micro-batch holds the same number of
-    samples) and DDP averages over the ranks. Returns ``model``, trained.
+    divides its micro-batches' summed losses by the samples it reads in the group (``loss / accum`` when every
+    micro-batch is full) and DDP averages over the ranks, whose groups hold equally many samples (DistributedSampler
+    pads the shards to one length). Returns ``model``, trained.
 
     Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
     """

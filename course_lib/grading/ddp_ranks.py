@@ -233,10 +233,18 @@ def _tail(path: Path, n: int = 12) -> str:
 
 
 def exercise_config(seed: int = 0) -> dict[str, Any]:
-    """Exercise 11's job for a grading run's seed: sizes and seeds vary with it, small enough for two CPU ranks."""
-    batch, accum, steps = 3 + seed % 2, 2, 2 + (seed // 2) % 2
-    return {"seed": 1000 + seed % 9000, "n": 2 * batch * accum * steps, "batch": batch, "accum": accum,
-            "epochs": 2, "base_lr": 0.05, "base_batch": 8}
+    """Exercise 11's job for a grading run's seed: sizes and seeds vary with it, small enough for two CPU ranks.
+
+    Every job has, in each epoch, a last accumulation group with fewer micro-batches than ``accum`` whose last
+    micro-batch is short too; half of them have an odd dataset, which DistributedSampler pads (one sample read
+    twice) so that both shards keep one length.
+    """
+    batch, accum, full_groups = 3 + seed % 2, 3 + (seed // 2) % 2, 1 + (seed // 4) % 2
+    short = 1 + (seed // 16) % (batch - 1)  # samples in the last micro-batch of an epoch
+    per_rank = batch * accum * full_groups + batch * (accum - 2) + short
+    n = 2 * per_rank - (1 - (seed // 8) % 2)
+    return {"seed": 1000 + seed % 9000, "n": n, "batch": batch, "accum": accum, "epochs": 2, "base_lr": 0.05,
+            "base_batch": 8}
 
 
 # The last run: (cell source, function name, cfg, world size) and its result, for ``reuse=True``.

@@ -61,19 +61,31 @@ def _expected_shard(cfg: dict[str, Any], rank: int, epoch: int) -> list[int]:
     return list(sampler)
 
 
+def _shard(cfg: dict[str, Any]) -> int:
+    """Samples one rank reads per epoch: DistributedSampler pads an odd dataset so that both shards are this long."""
+    return -(-cfg["n"] // WORLD)
+
+
 def _epochs(cfg: dict[str, Any], reads: list[int]) -> list[list[int]]:
-    """A rank's reads cut into epochs (of ``n / world`` samples when it used the sampler)."""
-    per = cfg["n"] // WORLD
+    """A rank's reads cut into epochs (of one shard each when it used the sampler)."""
+    per = _shard(cfg)
     if len(reads) == cfg["epochs"] * cfg["n"]:  # no sampler: each rank read everything
         per = cfg["n"]
     return [reads[e * per:(e + 1) * per] for e in range(cfg["epochs"])]
+
+
+def _steps(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(micro-batches, optimizer steps) of one rank over the run: the short last group of an epoch steps too."""
+    micro = -(-_shard(cfg) // cfg["batch"])
+    return cfg["epochs"] * micro, cfg["epochs"] * -(-micro // cfg["accum"])
 
 
 @check_for("11", "ranks read disjoint shards (DistributedSampler)", points=2, parts=("11.1", "11.2", "11.3"))
 def disjoint_shards(ns: dict[str, Any]) -> None:
     cfg, run = _ranks(ns)
     first = [_epochs(cfg, r["reads"])[0] for r in run["ranks"]]
-    if set(first[0]) & set(first[1]):
+    padding = set(_expected_shard(cfg, 0, 0)) & set(_expected_shard(cfg, 1, 0))  # an odd dataset: one sample twice
+    if (set(first[0]) & set(first[1])) - padding:
         raise CheckFailed(
             "both ranks read the same samples in epoch 0: two processes did one process's work",
             hint="DataLoader(dataset, batch_size=..., sampler=DistributedSampler(dataset, num_replicas=world_size, "
@@ -140,10 +152,22 @@ def replicas_identical(ns: dict[str, Any]) -> None:
 def _global_batches(cfg: dict[str, Any], run: dict[str, Any]) -> list[list[int]]:
     """What one process must train on to match: per optimizer step, every rank's micro-batches of that group."""
     try:
-        return ddp_demo.global_batches([r["reads"] for r in run["ranks"]], cfg["batch"] * cfg["accum"])
+        return ddp_demo.global_batches([r["reads"] for r in run["ranks"]], cfg["batch"] * cfg["accum"],
+                                       per_epoch=_shard(cfg))
     except ValueError as exc:
-        raise CheckFailed(f"{exc}: every rank must read whole accumulation groups of the same size",
+        raise CheckFailed(f"{exc}: every rank must read its whole shard in every epoch",
                           got=[len(r["reads"]) for r in run["ranks"]]) from None
+
+
+def _one_process_hint(cfg: dict[str, Any], run: dict[str, Any]) -> str:
+    micro, steps = _steps(cfg)
+    if all(r.get("syncs") == steps - cfg["epochs"] for r in run["ranks"]):
+        return ("the last group of each epoch holds fewer micro-batches than accum: step on it too, or its samples "
+                "are never learned from")
+    return ("divide each micro-batch's summed loss (reduction='sum') by the samples this rank reads in the group: "
+            "the last group of an epoch is short, and so is its last micro-batch, so neither `/ accum` nor the mean "
+            "of each micro-batch weighs every sample alike; DDP averages over the ranks. Step once per group and "
+            "scale the LR linearly to the global batch (batch x world_size x accum)")
 
 
 @check_for("11", "matches one process with the same global batch", points=2, parts=("11.1", "11.2", "11.3"))
@@ -161,8 +185,7 @@ def matches_one_process(ns: dict[str, Any]) -> None:
         raise CheckFailed(
             f"rank 0's weights differ from one process trained with SGD at lr {lr:g} on the same "
             f"{global_batch}-sample global batches",
-            hint="divide each micro-batch's loss by cfg['accum'] (DDP already averages over ranks), step once per "
-                 "accumulation group, and scale the LR linearly to the global batch (batch x world_size x accum)",
+            hint=_one_process_hint(cfg, run),
             got=f"the weights moved {moved_ratio:.2f}x as far as the reference's",
         )
 
@@ -170,14 +193,15 @@ def matches_one_process(ns: dict[str, Any]) -> None:
 @check_for("11", "no_sync: one all-reduce per optimizer step", points=1, parts=("11.1", "11.2", "11.3"))
 def one_allreduce_per_step(ns: dict[str, Any]) -> None:
     cfg, run = _ranks(ns)
-    micro = len(run["ranks"][0]["reads"]) // cfg["batch"]
-    steps = micro // cfg["accum"]
+    micro, steps = _steps(cfg)
     for record in run["ranks"]:
         if not record["ddp_models"]:
             raise CheckFailed("no DistributedDataParallel model was built on this rank",
                               hint="model = DistributedDataParallel(model) after init_process_group")
         if record["syncs"] != steps:
             why = ("every micro-batch's backward all-reduced its gradients" if record["syncs"] == micro else
+                   "one all-reduce too few per epoch: the short last group of an epoch was never stepped on (or "
+                   "its last micro-batch stayed inside no_sync)" if record["syncs"] == steps - cfg["epochs"] else
                    "fewer all-reduces than optimizer steps: some steps used gradients that were never averaged")
             raise CheckFailed(
                 f"rank {record['rank']}: {why}",
