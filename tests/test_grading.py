@@ -593,3 +593,24 @@ def test_observations_that_decode_to_more_than_the_file_are_rejected(tmp_path: P
     assert _load_observations(tmp_path, 1, 1 << 30) is None
     loaded = _load_observations(tmp_path, 2, 1 << 30)
     assert loaded is not None and torch.equal(loaded[0]["value"][0], torch.arange(6).view(2, 3))
+
+
+def test_the_grader_judges_under_a_memory_limit(tmp_path: Path, extra: Path) -> None:
+    """The backstop behind the decoding cap: `grade` lowers its own data-segment limit (checked in a child process,
+    so this test's process keeps its own), and an allocation past it is a MemoryError, not a machine out of memory."""
+    toy_notebook(tmp_path / "class" / "ada" / "90_toy.ipynb")
+    script = (
+        "import resource, sys\n"
+        "from course_lib.grading.grade import main\n"
+        f"code = main([{str(tmp_path / 'class')!r}, '--out', {str(tmp_path / 'g.csv')!r}, '--exercises', '90',"
+        f" '--extra-tests', {str(extra)!r}])\n"
+        "print('limit', resource.getrlimit(resource.RLIMIT_DATA)[0] >> 20)\n"
+        "try:\n"
+        "    hog = bytearray(9 << 30)\n"
+        "    print('allocated')\n"
+        "except MemoryError:\n"
+        "    print('MemoryError')\n"
+        "sys.exit(code)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "limit 8192" in proc.stdout and "MemoryError" in proc.stdout, proc.stdout[-500:]

@@ -318,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
     grader = gradebook.grader_version(extra_dirs)
+    sandbox.limit_own_memory()  # judging runs in this process: a bounded backstop beside the decoding cap
     print(sandbox.describe())
     try:
         table = grade_class(args.submissions, exercises, timeout_s=args.timeout, extra_dirs=extra_dirs,

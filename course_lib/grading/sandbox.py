@@ -217,6 +217,29 @@ def _reachable_mount_points(flags: list[str]) -> list[str]:
     return out
 
 
+# The grader's own process: it decodes what sandboxed children wrote and judges it. Observations are bounded before
+# any judge reads them (runner._bounded); this is the backstop, so a decoding bug ends in MemoryError, not the machine
+# swapping or the OOM killer choosing a process.
+GRADER_MEMORY_MB = 8192
+
+
+def limit_own_memory(megabytes: int = GRADER_MEMORY_MB) -> None:
+    """Lower this process's data-segment limit to ``megabytes`` (never raise it); silently nothing where unsupported."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    wanted = megabytes << 20
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    if soft == resource.RLIM_INFINITY or soft > wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_DATA, (wanted, hard))
+        except (ValueError, OSError):
+            pass
+
+
 def set_limits(limits: Limits) -> Callable[[], None]:
     """A ``preexec_fn`` that applies ``limits`` to the child (and so to everything it starts)."""
     import resource
