@@ -89,6 +89,7 @@ def grade_class(submissions: Path, exercises: list[str], *, timeout_s: float, ex
     exercises score nothing and the report says why. A renamed copy (``05_topic (1).ipynb``) is graded, with a note.
     """
     students = student_folders(submissions, outputs)
+    runner.allow_starts()
     for number in exercises:
         checks_for(number, extra_dirs)  # import once, before the threads start
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -113,10 +114,14 @@ def grade_class(submissions: Path, exercises: list[str], *, timeout_s: float, ex
                 table[student][number] = future.result()
                 table[student][number].note = notes[student, number]
         except KeyboardInterrupt:  # keep what is graded; the rest says so, and nothing runs on
+            finished = {key for key, future in futures.items() if future.done()}  # before any child is ended
             pool.shutdown(wait=False, cancel_futures=True)
             runner.stop_all()
-            for student, number in futures:
-                if number not in table[student]:
+            for (student, number), future in futures.items():
+                if (student, number) in finished and not future.cancelled() and future.exception() is None:
+                    table[student][number] = future.result()
+                    table[student][number].note = notes[student, number]
+                elif number not in table[student]:
                     table[student][number] = _interrupted(number, extra_dirs)
             raise GradingInterrupted({s: dict(sorted(per_ex.items())) for s, per_ex in table.items()}) from None
     return {s: dict(sorted(per_ex.items())) for s, per_ex in table.items()}

@@ -53,9 +53,11 @@ REFUSED = "refused (a link)"
 INTERFERED = "interfered with grading"
 INTERRUPTED = "not graded (interrupted)"
 
-# The sandboxed children running now (grading runs in threads): Ctrl-C ends them all at once (stop_all).
+# The sandboxed children running now (grading runs in threads): Ctrl-C ends them all at once (stop_all), and a child
+# that starts after that is ended as soon as it is registered.
 _LIVE: set[subprocess.Popen] = set()
 _LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()
 
 
 @dataclass
@@ -202,6 +204,8 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
             pipe.close(seed_read, ready_write)  # the child's ends
             with _LIVE_LOCK:
                 _LIVE.add(proc)
+                if _STOPPING.is_set():  # stop_all ran while this one was being started
+                    os.killpg(proc.pid, signal.SIGKILL)
             deadline = time.monotonic() + timeout_s
             try:
                 heard = _hand_over_seed(proc, pipe, ready_read, seed_write, seed, deadline)
@@ -223,7 +227,9 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
 
 
 def stop_all() -> None:
-    """End every sandboxed child now (their threads then finish quickly); for Ctrl-C during ``grade``."""
+    """End every sandboxed child now, and any started from now on (their threads then finish quickly); for Ctrl-C
+    during ``grade``. :func:`allow_starts` undoes it."""
+    _STOPPING.set()
     with _LIVE_LOCK:
         running = list(_LIVE)
     for proc in running:
@@ -231,6 +237,11 @@ def stop_all() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def allow_starts() -> None:
+    """Let sandboxed children run again after :func:`stop_all` (a new grading in the same process)."""
+    _STOPPING.clear()
 
 
 class _Pipes:
