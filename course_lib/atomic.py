@@ -13,10 +13,16 @@ A run *killed* between 1 and 3 leaves the temporary file behind (nothing can del
 so a later owner of the folder can recognise and remove it (see ``course_lib.train.rundir``).
 
 For a rename that survives a power cut, call :func:`fsync_directory` on the folder afterwards (the checkpoint does).
+
+Files that are appended to or locked in place (metrics, claim log, lock files) cannot be replaced: they are opened
+with :func:`open_no_follow`, which refuses a symbolic link at the path (a planted link would make the write land in
+whatever file it points to, a notebook say). The temporary files above are created with ``O_EXCL``, which never
+follows a link, and ``os.replace`` replaces a link itself, never its target.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from collections.abc import Callable
@@ -25,6 +31,41 @@ from typing import IO, Any
 
 # The flags tempfile.mkstemp uses: create, never open an existing file, binary on Windows, not inherited by children.
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOINHERIT", 0)
+
+
+# Not following a link at the last component of the path; 0 where the system lacks it (Windows: no symlink races).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class LinkRefused(OSError):
+    """A file the course writes in place is a symbolic link: refused, so the file it points to stays untouched."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def link_refused(path: str | Path) -> LinkRefused:
+    """The one-line error for a symbolic link found where the course writes a file in place."""
+    return LinkRefused(errno.ELOOP, f"{path} is a symbolic link, and the course never writes through a link it did not "
+                                    f"create (that would overwrite the file it points to); delete the link "
+                                    f"(rm {path}) and run again.", str(path))
+
+
+def open_no_follow(path: str | Path, flags: int, permissions: int = 0o644) -> int:
+    """``os.open(path, flags)`` that refuses a symbolic link at ``path`` with :class:`LinkRefused`."""
+    try:
+        return os.open(path, flags | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0), permissions)
+    except OSError as exc:
+        # ELOOP on Linux/macOS, EMLINK on FreeBSD; a link in a parent folder is the user's own layout: allowed.
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise link_refused(path) from None
+        raise
+
+
+def open_append(path: str | Path, *, encoding: str = "utf-8") -> IO[str]:
+    """``open(path, "a", encoding=encoding)`` that refuses a symbolic link at ``path`` (see the module docstring)."""
+    fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "a", encoding=encoding)
 
 
 def temporary_path(path: Path) -> Path:

@@ -214,6 +214,26 @@ def test_a_live_lock_is_refused_naming_its_pid_and_a_killed_holders_lock_is_take
     assert not (out / LOCK_FILE).exists()
 
 
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_lock_file_that_is_a_planted_link_is_refused_and_its_target_is_untouched(tmp_path: Path, capsys,
+                                                                                   dangling: bool) -> None:
+    """Seen: ``.lock -> notebook`` was followed and the notebook overwritten by the lock's PID record."""
+    notebook = tmp_path / "lesson.ipynb"
+    if not dangling:
+        notebook.write_bytes(b'{"cells": [], "nbformat": 4}')
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).symlink_to(notebook)
+    code, err = _cli(capsys, *SMOKE_CLI, "--out", str(out))
+    assert code == 2, err
+    _assert_one_error_line(err, str(out / LOCK_FILE), "symbolic link", "rm ")
+    if dangling:
+        assert not notebook.exists()
+    else:
+        assert notebook.read_bytes() == b'{"cells": [], "nbformat": 4}'
+    assert (out / LOCK_FILE).is_symlink(), "the learner's link is theirs to remove"
+
+
 def _start_cli(out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "course_lib", "train", *extra, "--out", str(out)], cwd=REPO, text=True,

@@ -192,7 +192,10 @@ def generate_shapes(
     _remove_abandoned_scratch(root)
     scratch = root.parent / f".{root.name}.partial-{os.getpid()}"
     shutil.rmtree(scratch, ignore_errors=True)
+    if scratch.is_symlink():  # rmtree refuses a link; writing into it would fill the folder it points to
+        scratch.unlink()
     try:
+        scratch.mkdir()  # ours alone: fails rather than reuse whatever sits at that name
         _write_images(scratch, params, progress=progress, label=str(root))
         if is_complete(root, params):  # another process finished first: keep its copy
             return root

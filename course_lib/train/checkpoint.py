@@ -216,7 +216,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(payload["step"], int) or payload["step"] < 0:
         raise CheckpointError(f"checkpoint {path} has an invalid step {payload['step']!r}.")
     if handshake_guard_s() is not None:
-        with open(_reads_file(path), "a", encoding="utf-8") as reads:
+        with atomic.open_append(_reads_file(path)) as reads:
             reads.write(f"{payload['step']}\n")
     return payload
 

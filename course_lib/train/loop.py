@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from course_lib import clock
+from course_lib import atomic, clock
 from course_lib.device import resolve_amp_dtype
 from course_lib.distributed import all_reduce_sum, get_rank, get_world_size, unwrap
 from course_lib.progress import tqdm
@@ -97,7 +97,7 @@ class MetricsLog:
         self.history.append(record)
         if self.path is not None:
             try:
-                with open(self.path, "a", encoding="utf-8") as f:
+                with atomic.open_append(self.path) as f:  # never through a planted link
                     f.write(json.dumps(record, allow_nan=False) + "\n")
             except OSError as exc:
                 raise write_error(self.path, exc) from exc

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from course_lib import atomic
+
 try:  # POSIX; elsewhere the PID recorded in the lock file is checked instead
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -120,7 +122,14 @@ class RunFolder:
 
     def _open_and_lock(self, path: Path) -> tuple[int, dict[str, Any]]:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Never through a link: a planted `.lock -> notebook` would have the PID record overwrite the notebook.
+            fd = atomic.open_no_follow(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except atomic.LinkRefused:
+            self._forget_created_folder()
+            raise RunFolderError(
+                f"--out {self.folder}: its lock file {path} is a symbolic link, and a run never writes through a link "
+                f"(that would overwrite the file it points to); delete the link (rm {path}) or choose another --out."
+            ) from None
         except OSError as exc:
             self._forget_created_folder()
             reason = "no new files can be created there" if exc.errno == errno.ENOENT else _describe_os_error(exc)
@@ -185,7 +194,7 @@ def _read_lock(fd: int) -> dict[str, Any]:
 
 def _read_lock_file(path: Path) -> dict[str, Any]:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = atomic.open_no_follow(path, os.O_RDONLY)
     except OSError:
         return {}
     try:
