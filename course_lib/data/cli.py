@@ -79,14 +79,14 @@ def info() -> int:
 
     print(f"mode: {mode.mode()}    data dir: {mode.data_dir()}  (COURSE_DATA_DIR)")
     from course_lib.data.errors import DataError
-    from course_lib.data.verify import verify_shapes
+    from course_lib.data.verify import is_junk, verify_shapes
 
     shapes = shapes_root()
     if (shapes / META_FILE).is_file():
         meta = json.loads((shapes / META_FILE).read_text())
         files, size = _folder_size(shapes)
-        on_disk = {split: sum(1 for _ in (shapes / split).rglob("*.jpg")) if (shapes / split).is_dir() else 0
-                   for split in ("train", "val")}
+        on_disk = {split: sum(1 for p in (shapes / split).rglob("*.jpg") if not is_junk(p.name))
+                   if (shapes / split).is_dir() else 0 for split in ("train", "val")}
         print(f"shapes:  {shapes}\n  {on_disk['train']} train / {on_disk['val']} val JPEGs on disk "
               f"(generated: {meta['counts']['train']} / {meta['counts']['val']}), "
               f"{meta['image_size']}x{meta['image_size']} px stored, {files} files, {size / 1e6:.1f} MB")
