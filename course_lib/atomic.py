@@ -68,6 +68,34 @@ def open_append(path: str | Path, *, encoding: str = "utf-8") -> IO[str]:
     return os.fdopen(fd, "a", encoding=encoding)
 
 
+_REASONS = {
+    errno.EACCES: ("permission denied", "make it writable, or choose another place"),
+    errno.EPERM: ("operation not permitted", "make it writable (immutable? see `lsattr`), or choose another place"),
+    errno.EROFS: ("the file system is read-only", "choose a place on a writable file system"),
+    errno.ENOSPC: ("no space left on the device", "free some space (`df -h` shows where), or choose another place"),
+    errno.EDQUOT: ("the disk quota is used up", "free some space, or choose another place"),
+    errno.ENOENT: ("a parent folder does not exist and cannot be created there", "create it, or choose another place"),
+    errno.ENOTDIR: ("a parent of it is a file, not a folder", "move that file away, or choose another place"),
+    errno.EISDIR: ("it is a folder, not a file", "choose a file path"),
+    errno.EEXIST: ("a file of that name exists", "move it away, or choose another place"),
+    errno.ELOOP: ("it is a symbolic link the course will not write through", "delete the link"),
+}
+
+
+def describe_os_error(exc: OSError) -> str:
+    """Why ``exc`` happened, in words (``"the file system is read-only"``)."""
+    return _REASONS.get(exc.errno or 0, (exc.strerror or type(exc).__name__, ""))[0]
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for a failed file operation: which file, why, and what to do (no errno numbers, no traceback)."""
+    if type(exc).__module__ != "builtins":  # the course's own (LinkRefused, WriteError): already a sentence
+        return " ".join(str(exc.strerror or exc).split())
+    where = f"{exc.filename}: " if exc.filename else ""
+    why, todo = _REASONS.get(exc.errno or 0, (exc.strerror or str(exc) or type(exc).__name__, ""))
+    return f"{where}{why}" + (f"; {todo}." if todo else ".")
+
+
 def temporary_path(path: Path) -> Path:
     """A fresh name for a temporary file beside ``path`` (the file is not created)."""
     return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")

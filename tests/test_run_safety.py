@@ -275,6 +275,36 @@ def test_two_concurrent_runs_into_one_folder_and_ctrl_c(tmp_path: Path) -> None:
     assert not (out / LOCK_FILE).exists()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sigterm_stops_like_ctrl_c_with_one_line_naming_the_resume_command(tmp_path: Path, workers: int) -> None:
+    """What a cluster scheduler or a container sends before killing. Seen: the run exited silently, no word on how
+    to resume. With loader workers the signal goes to the whole process group, as a scheduler's does."""
+    out = tmp_path / "run"
+    first = _start_cli(out, "--steps", "100000", "--eval-every", "3", "--log-every", "3", "--bs", "16",
+                       "--device", "cpu", "--workers", str(workers))
+    try:
+        deadline = time.monotonic() + 180  # a hang guard only
+        while not (out / "ckpt.pt").exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "no checkpoint within 180 s"
+            time.sleep(0.05)
+        if workers:
+            os.killpg(first.pid, signal.SIGTERM)
+        else:
+            first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert first.returncode == 143, err
+    line = _assert_one_error_line(err, "SIGTERM", "--resume", str(out))
+    assert "python -m course_lib train --out" in line and "last checkpoint (step" in line
+    saved = read_checkpoint(out / "ckpt.pt")
+    assert _strict_json_lines(out / "metrics.jsonl") == saved["history"]
+    assert not (out / LOCK_FILE).exists()
+
+
 def test_ctrl_c_right_after_the_checkpoint_is_written_leaves_metrics_equal_to_it(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The Ctrl-C lands after the checkpoint's rename and before the metrics file is marked as matching it (seen once

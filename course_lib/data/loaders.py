@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import random
+import signal
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +54,19 @@ def seed_worker(worker_id: int) -> None:
     worker_seed = torch.initial_seed() % 2**32
     np.random.seed(worker_seed)
     random.seed(worker_seed)
+
+
+def _init_worker(worker_id: int) -> None:
+    """``worker_init_fn`` of :func:`make_loader`: :func:`seed_worker`, and Ctrl-C and SIGTERM left to the main process.
+
+    A terminal's Ctrl-C and a scheduler's SIGTERM reach the whole process group. A worker that died of one made the
+    main process fail with "DataLoader worker ... killed by signal" (and a traceback from the loader's ``__del__``)
+    before it could stop cleanly; ignoring them here, the main process stops and then shuts its workers down. A
+    worker whose main process is killed outright still exits (PyTorch's watchdog).
+    """
+    seed_worker(worker_id)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _is_int(value: Any) -> bool:
@@ -111,7 +125,7 @@ def make_loader(
     workers: dict[str, Any] = {}
     if num_workers > 0:
         workers = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
-                   "worker_init_fn": seed_worker, "multiprocessing_context": multiprocessing_context}
+                   "worker_init_fn": _init_worker, "multiprocessing_context": multiprocessing_context}
     return DataLoader(
         dataset,
         batch_size=batch_size,

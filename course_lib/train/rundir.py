@@ -38,19 +38,6 @@ class RunFolderError(RuntimeError):
     """The run folder cannot be used as asked (holds a run, is locked, is not writable); nothing was changed."""
 
 
-def _describe_os_error(exc: OSError) -> str:
-    reasons = {
-        errno.EACCES: "permission denied",
-        errno.EPERM: "operation not permitted",
-        errno.EROFS: "the file system is read-only",
-        errno.ENOSPC: "no space left on the device",
-        errno.ENOENT: "a parent folder does not exist and cannot be created there",
-        errno.ENOTDIR: "a parent of it is a file, not a folder",
-        errno.EEXIST: "a file of that name exists",
-    }
-    return reasons.get(exc.errno or 0, exc.strerror or type(exc).__name__)
-
-
 def _stale_temporaries(folder: Path) -> list[Path]:
     """Temporary files an atomic write leaves when it is killed between creating and renaming them."""
     return sorted(p for p in folder.glob(".*.tmp") if p.is_file())
@@ -88,8 +75,8 @@ class RunFolder:
                 pass
             except OSError as exc:
                 raise RunFolderError(
-                    f"--out {folder} cannot be created ({_describe_os_error(exc)}); choose a folder you can write to, "
-                    f"e.g. --out runs/train."
+                    f"--out {folder} cannot be created ({atomic.describe_os_error(exc)}); choose a folder you can "
+                    f"write to, e.g. --out runs/train."
                 ) from None
         self._lock()
 
@@ -132,7 +119,7 @@ class RunFolder:
             ) from None
         except OSError as exc:
             self._forget_created_folder()
-            reason = "no new files can be created there" if exc.errno == errno.ENOENT else _describe_os_error(exc)
+            reason = "no new files can be created there" if exc.errno == errno.ENOENT else atomic.describe_os_error(exc)
             raise RunFolderError(
                 f"--out {self.folder} is not writable ({reason}: cannot create {path.name} there); "
                 f"choose a folder you can write to, e.g. --out runs/train."
