@@ -66,3 +66,15 @@ def data_dir() -> Path:
         raise SettingError(f"{named} is a file, not a folder; point COURSE_DATA_DIR at a folder (it is created if "
                            f"missing), or move that file away.")
     return path
+
+
+def data_dir_hint(filename: object) -> str:
+    """``" COURSE_DATA_DIR chooses where the data goes."`` when a failed file is in the data folder, else ``""``."""
+    if not filename:
+        return ""
+    try:
+        root = os.path.abspath(data_dir())
+    except SettingError:
+        return ""
+    path = os.path.abspath(os.fsdecode(filename))  # type: ignore[arg-type]
+    return " COURSE_DATA_DIR chooses where the data goes." if path == root or path.startswith(root + os.sep) else ""

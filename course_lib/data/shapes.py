@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 from course_lib import mode
+from course_lib.data.errors import DataError
 from course_lib.progress import tqdm
 
 CLASS_NAMES: tuple[str, ...] = (
@@ -154,9 +155,25 @@ def is_complete(root: Path, params: dict) -> bool:
         return False
     return meta.get("params") == params
 
+META_KEYS = ("params", "class_names", "counts", "image_size", "mean", "std")
+
+
 def read_meta(root: Path) -> dict:
-    """The ``meta.json`` of a generated dataset (class names, sizes, mean/std)."""
-    return json.loads((Path(root) / META_FILE).read_text())
+    """The ``meta.json`` of a generated dataset (class names, sizes, mean/std); :class:`DataError` when it is
+    missing, cut short or not what generation writes (a copy interrupted half-way, a full disk)."""
+    path = Path(root) / META_FILE
+    fix = "`python -m course_lib data prepare` generates the dataset again"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path} is missing, so {root} holds no complete dataset; {fix}.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        why = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+        raise DataError(f"{path} is damaged (cut short, or not JSON: {why}); {fix}.") from None
+    missing = [k for k in META_KEYS if k not in meta] if isinstance(meta, dict) else list(META_KEYS)
+    if missing:
+        raise DataError(f"{path} is damaged (it lacks {', '.join(missing)}); {fix}.")
+    return meta
 
 def generate_shapes(
     root: str | Path,

@@ -219,6 +219,7 @@ def _main(args: argparse.Namespace, received: list[int]) -> int:
         if args.resume and args.overwrite:
             raise ConfigError("--resume and --overwrite contradict each other: --resume continues the run in --out, "
                               "--overwrite deletes it. Pass one of them.")
+        mode.data_dir()  # a data folder that is a file fails now, not after the folder is claimed
         cfg = config_from_args(args)
         out = Path(cfg.out)
         try:
@@ -253,7 +254,7 @@ def _main(args: argparse.Namespace, received: list[int]) -> int:
             print(f"error: {line}", file=sys.stderr)
             return EXIT_FAILED
         if isinstance(exc, OSError):  # a full disk, a read-only or unreadable folder while preparing the data
-            print(f"error: {atomic.os_error_line(exc)}", file=sys.stderr)
+            print(f"error: {atomic.os_error_line(exc)}{mode.data_dir_hint(exc.filename)}", file=sys.stderr)
             return EXIT_BAD_INPUT
         raise
     if not is_main:
