@@ -493,3 +493,56 @@ def test_a_garbage_checkpoint_never_suggests_weights_only_false(tmp_path: Path, 
     assert code == 2
     line = _assert_one_error_line(err, str(ckpt), "cannot be read")
     assert "weights_only" not in line and "arbitrary code" not in line
+
+
+# ---------------------------------------------------------------------- resume: refused before any data is made
+def test_a_smoke_run_resumed_in_full_mode_is_refused_before_any_data_is_generated(tmp_path: Path, capsys,
+                                                                                   monkeypatch) -> None:
+    """Seen: refused only after generating the full-mode data (68 s)."""
+    out = tmp_path / "run"
+    _finished_run(capsys, out)
+    before = _digest(out / "ckpt.pt")
+    empty = tmp_path / "no-data-yet"
+    monkeypatch.setenv("COURSE_DATA_DIR", str(empty))
+    monkeypatch.setenv("COURSE_MODE", "full")
+    code, err = _cli(capsys, "--out", str(out), "--resume")
+    assert code == 2
+    _assert_one_error_line(err, "COURSE_MODE=smoke", "COURSE_MODE=full")
+    assert not empty.exists(), "nothing is generated for a run that is refused"
+    assert _digest(out / "ckpt.pt") == before
+
+
+def _rewrite_checkpoint(path: Path, **changes) -> None:
+    payload = torch.load(path, weights_only=True)
+    for key, value in changes.items():
+        if key == "config":
+            payload["config"].update(value)
+        else:
+            payload[key] = value
+    torch.save(payload, path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has the CUDA GPU the checkpoint asks for")
+def test_an_fp16_gpu_checkpoint_resumed_on_a_cpu_gives_advice_that_is_accepted(tmp_path: Path, capsys) -> None:
+    """Seen: the advice (use bf16 or fp32) was refused in turn, as a change of the run's trajectory."""
+    out = tmp_path / "run"
+    _finished_run(capsys, out)
+    _rewrite_checkpoint(out / "ckpt.pt", config={"amp_dtype": "fp16", "device": "cuda:0"})
+    code, err = _cli(capsys, "--out", str(out), "--resume")
+    assert code == 2
+    line = _assert_one_error_line(err, "fp16", "CUDA GPU", "another --out", "--amp-dtype fp32")
+    # What it says to do works: a new run with fp32 in another folder...
+    assert _cli(capsys, *SMOKE_CLI, "--amp-dtype", "fp32", "--out", str(tmp_path / "fp32"))[0] == 0
+    # ...while continuing this one in another precision is refused, as the line says, before any work.
+    code, err = _cli(capsys, "--out", str(out), "--resume", "--amp-dtype", "fp32")
+    assert code == 2
+    _assert_one_error_line(err, "amp_dtype", "different run")
+
+
+def test_a_checkpoint_from_a_newer_format_names_the_update(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    _finished_run(capsys, out)
+    _rewrite_checkpoint(out / "ckpt.pt", format=checkpoint_module.FORMAT_VERSION + 1)
+    code, err = _cli(capsys, "--out", str(out), "--resume")
+    assert code == 2
+    _assert_one_error_line(err, "newer course_lib", "git pull", "another --out")

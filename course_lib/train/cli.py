@@ -141,7 +141,7 @@ def _check_precision_here(saved: dict[str, Any], given: dict[str, Any], ckpt: Pa
         raise CheckpointError(
             f"checkpoint {ckpt} was trained in fp16 on a CUDA GPU, and fp16 training needs one (here the device is "
             f"{here!r}); the precision is part of the run, so another one would not continue it. Resume it on a "
-            f"machine with a CUDA GPU, or start a new run in another --out with --amp-dtype bf16 or fp32.")
+            f"machine with a CUDA GPU, or start a new run in another --out with --amp-dtype fp32 (or bf16).")
 
 
 def _bad_input_types() -> tuple[type[BaseException], ...]:
