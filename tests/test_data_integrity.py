@@ -153,3 +153,18 @@ def test_junk_files_and_hidden_folders_are_ignored_everywhere_class_folders_are_
     code = train_cli.main(["--steps", "2", "--eval-every", "2", "--device", "cpu", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 0 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("meta", ['{"params": {"format"', "", "[]", '{"params": {}}'])
+def test_a_cut_short_manifest_is_reported_by_data_info_and_regenerated_by_prepare(shapes: Path, capsys,
+                                                                                  meta: str) -> None:
+    """Seen: `data info` crashed with a traceback on a truncated meta.json."""
+    (shapes / "meta.json").write_text(meta)
+    assert data_cli(["info"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert "DAMAGED" in captured.out and "meta.json" in captured.out and "data prepare" in captured.out
+    with pytest.raises(DataError, match="data prepare"):
+        verify_shapes(shapes)
+    assert data_cli(["prepare", "--quiet", "--which", "shapes"]) == 0
+    assert verify_shapes(shapes).ok

@@ -153,7 +153,7 @@ def is_complete(root: Path, params: dict) -> bool:
         meta = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return meta.get("params") == params
+    return isinstance(meta, dict) and meta.get("params") == params
 
 META_KEYS = ("params", "class_names", "counts", "image_size", "mean", "std")
 
