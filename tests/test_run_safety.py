@@ -530,7 +530,7 @@ def test_an_fp16_gpu_checkpoint_resumed_on_a_cpu_gives_advice_that_is_accepted(t
     _rewrite_checkpoint(out / "ckpt.pt", config={"amp_dtype": "fp16", "device": "cuda:0"})
     code, err = _cli(capsys, "--out", str(out), "--resume")
     assert code == 2
-    line = _assert_one_error_line(err, "fp16", "CUDA GPU", "another --out", "--amp-dtype fp32")
+    _assert_one_error_line(err, "fp16", "CUDA GPU", "another --out", "--amp-dtype fp32")
     # What it says to do works: a new run with fp32 in another folder...
     assert _cli(capsys, *SMOKE_CLI, "--amp-dtype", "fp32", "--out", str(tmp_path / "fp32"))[0] == 0
     # ...while continuing this one in another precision is refused, as the line says, before any work.
@@ -546,3 +546,33 @@ def test_a_checkpoint_from_a_newer_format_names_the_update(tmp_path: Path, capsy
     code, err = _cli(capsys, "--out", str(out), "--resume")
     assert code == 2
     _assert_one_error_line(err, "newer course_lib", "git pull", "another --out")
+
+
+def test_a_loader_worker_killed_by_the_oom_killer_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Seen: a traceback. The out-of-memory killer sends SIGKILL to a worker; the run's checkpoint stays intact."""
+    from course_lib.data.images import KeyedImageFolder
+
+    real = KeyedImageFolder.load_image
+
+    def killed_in_a_worker(self, index):
+        if torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, index)
+
+    monkeypatch.setattr(KeyedImageFolder, "load_image", killed_in_a_worker)
+    code, err = _cli(capsys, *SMOKE_CLI, "--workers", "1", "--out", str(tmp_path / "run"))
+    assert code == 1, err
+    _assert_one_error_line(err, "worker process died", "out-of-memory", "--workers 0")
+
+
+def test_exhausted_shared_memory_in_a_loader_worker_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """/dev/shm full (a container's 64 MB default): the worker's error as PyTorch raises it, wrapped."""
+    from course_lib.data.images import KeyedImageFolder
+
+    def no_shared_memory(self, index):
+        raise RuntimeError("unable to write to file </torch_4242_1234567_0>: No space left on device (28)")
+
+    monkeypatch.setattr(KeyedImageFolder, "load_image", no_shared_memory)
+    code, err = _cli(capsys, *SMOKE_CLI, "--workers", "1", "--out", str(tmp_path / "run"))
+    assert code == 1, err
+    _assert_one_error_line(err, "shared memory", "--workers 0", "--shm-size")

@@ -160,14 +160,14 @@ def loader_failure_line(exc: BaseException) -> str | None:
     text = str(exc)
     if "shared memory" in text or "/torch_" in text or ("No space left" in text and "DataLoader" in text):
         return ("the data-loading workers ran out of shared memory (/dev/shm is full or too small, common in "
-                "containers); the last checkpoint is intact: resume with --resume --workers 0, or give the "
-                "container more shared memory (docker run --shm-size=1g).")
+                "containers); run again with --workers 0, or give the container more shared memory (docker run "
+                "--shm-size=1g); --resume continues from the last checkpoint, which is intact, if one was written.")
     if "DataLoader worker" in text and ("killed by signal" in text or "exited unexpectedly" in text):
         signal_name = text.split("killed by signal:", 1)[1].strip().rstrip(".") if "killed by signal:" in text else ""
         why = f" (killed by signal: {signal_name})" if signal_name else ""
         return (f"a data-loading worker process died{why}; the out-of-memory killer does this when memory runs out. "
-                f"The last checkpoint is intact: resume with --resume and fewer --workers (or --workers 0), or a "
-                f"smaller --bs.")
+                f"Run again with fewer --workers (or --workers 0) or a smaller --bs; --resume continues from the last "
+                f"checkpoint, which is intact, if one was written.")
     return None
 
 
