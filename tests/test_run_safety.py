@@ -234,6 +234,23 @@ def test_a_lock_file_that_is_a_planted_link_is_refused_and_its_target_is_untouch
     assert (out / LOCK_FILE).is_symlink(), "the learner's link is theirs to remove"
 
 
+def test_a_run_never_writes_through_links_planted_at_its_metrics_or_checkpoint(tmp_path: Path, capsys) -> None:
+    """Both are replaced whole (a temporary file created with O_EXCL, then a rename): the link goes, not its target."""
+    notebook = tmp_path / "lesson.ipynb"
+    notebook.write_bytes(b'{"cells": [], "nbformat": 4}')
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").symlink_to(notebook)
+    code, err = _cli(capsys, *SMOKE_CLI, "--out", str(out))
+    assert code == 0, err
+    (out / "ckpt.pt").unlink()
+    (out / "ckpt.pt").symlink_to(notebook)
+    code, err = _cli(capsys, *SMOKE_CLI, "--overwrite", "--out", str(out))
+    assert code == 0, err
+    assert notebook.read_bytes() == b'{"cells": [], "nbformat": 4}'
+    assert not (out / "metrics.jsonl").is_symlink() and not (out / "ckpt.pt").is_symlink()
+
+
 def _start_cli(out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "course_lib", "train", *extra, "--out", str(out)], cwd=REPO, text=True,
