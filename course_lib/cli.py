@@ -2,6 +2,11 @@
 
 Each command lives in the module that implements it and is imported only when
 asked for, so ``course doctor`` does not pay for importing the grader.
+
+:func:`main` is the one error boundary of every command: a failure the learner can fix (a bad environment value,
+a damaged dataset, a full disk, a read-only or missing folder) ends in one ``error:`` line saying which value or
+file, why, and what to do, with exit code 2; Ctrl-C ends in one line with exit code 130. Never a traceback for
+those; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +14,10 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+
+from course_lib import atomic, mode
+
+EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
 
 # command -> ("module:function", one-line help). Each function takes argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -50,5 +59,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"course_lib: unknown command {command!r}.\n\n{_usage()}", file=sys.stderr)
         return 2
-    result = _load(COMMANDS[command][0])(rest)
+    try:
+        result = _load(COMMANDS[command][0])(rest)
+    except KeyboardInterrupt:
+        print(f"\nerror: interrupted (Ctrl-C); `{command}` stopped before it finished: run it again.",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        line = expected_error_line(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return int(result or 0)
+
+
+def expected_error_line(exc: BaseException) -> str | None:
+    """One line for a failure the learner can fix (see the module docstring); None for anything else."""
+    from course_lib.data.errors import DataError, DatasetUnavailable
+
+    if isinstance(exc, (mode.SettingError, DataError, DatasetUnavailable)):
+        return " ".join(str(exc).split())
+    if isinstance(exc, OSError):
+        return atomic.os_error_line(exc) + mode.data_dir_hint(exc.filename)
+    return None

@@ -264,7 +264,8 @@ def run_parts(parts: Sequence[Part], *, log_dir: Path, cwd: Path = ROOT, env: di
                                                                f"{budget_s:.0f} s budget")
                 continue
             log_path = log_dir / f"{part.key}.log"
-            log_file = open(log_path, "w", encoding="utf-8")  # closed in _finish
+            log_path.unlink(missing_ok=True)  # a fresh log, and never one written through a planted link
+            log_file = atomic.open_append(log_path)  # closed in _finish
             try:
                 proc = subprocess.Popen(part.argv, cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)

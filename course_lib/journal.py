@@ -80,7 +80,7 @@ def _locked(where: Path) -> Iterator[None]:
     except ImportError:  # Windows: atomic replacement only
         yield
         return
-    with open(where.with_name(where.name + ".lock"), "a") as handle:
+    with atomic.open_append(where.with_name(where.name + ".lock")) as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 

@@ -9,7 +9,8 @@ What this adds to a plain ``jupyter lab``:
 * **The token is handed over in the environment** (``JUPYTER_TOKEN``), not on the command line, because every user
   of a shared machine can read other people's command lines (``ps aux``) but not their environment.
 * **A busy port is not an error by default**: the next free port above the requested one is used and the banner
-  says so (in a workshop, two learners on one machine, or a forgotten server, must not block anyone). An
+  says so (in a workshop, two learners on one machine, or a forgotten server, must not block anyone); a port taken
+  between that check and the server's start (two labs started at once) moves on the same way. An
   instructor who promised the room a fixed port passes ``--strict-port`` to get a clear error instead.
 * **It opens the lesson, not a file browser**: ``notebooks/00_welcome.ipynb`` (JupyterLab's ``default_url``
   ``/lab/tree/<path>``), found relative to ``--notebook-dir``; ``--open`` picks another notebook.
@@ -52,6 +53,8 @@ from course_lib.labsettings import ensure_course_settings
 DEFAULT_PORT = 8888
 DEFAULT_IP = "127.0.0.1"
 WELCOME_NOTEBOOK = "notebooks/00_welcome.ipynb"
+# How many times to move on when the chosen port is taken before the server binds it (another lab started at once).
+PORT_RETRIES = 3
 # How far above the requested port to look for a free one before giving up.
 PORT_SEARCH_SPAN = 50
 # The folder whose jupyter_server_config.py forces the token (first on JUPYTER_CONFIG_PATH: it wins).
@@ -281,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Validate everything (ip, directory, notebook) before probing ports, so bad input fails first.
         build_command(port=args.port, notebook_dir=args.notebook_dir, ip=args.ip, token="check",
                       allow_remote=args.allow_remote, open_path=args.open_path)
-        port = choose_port(args.port, "127.0.0.1" if args.ip == "localhost" else args.ip, strict=args.strict_port)
+        probe_ip = "127.0.0.1" if args.ip == "localhost" else args.ip
+        port = choose_port(args.port, probe_ip, strict=args.strict_port)
         cmd = build_command(port=port, notebook_dir=args.notebook_dir, ip=args.ip,
                             open_browser=False,  # opened by us once the server is verified locked
                             allow_remote=args.allow_remote, open_path=args.open_path)
@@ -310,7 +314,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), request_stop)
     try:
-        wait_until_ready(cmd, process)
+        for retries_left in range(PORT_RETRIES, -1, -1):
+            try:
+                wait_until_ready(cmd, process)
+                break
+            except LabError:
+                # Free when we looked, taken when the server bound it (two labs started at once): take the next one,
+                # unless the port was promised (--strict-port) or the server failed for another reason.
+                if (stopping or args.strict_port or not retries_left or process.poll() is None
+                        or port_is_free(cmd.port, probe_ip)):
+                    raise
+                port = choose_port(cmd.port + 1, probe_ip)
+                print(f"Port {cmd.port} was taken while JupyterLab started; trying port {port}...", flush=True)
+                cmd = build_command(port=port, notebook_dir=args.notebook_dir, ip=args.ip, open_browser=False,
+                                    allow_remote=args.allow_remote, open_path=args.open_path)
+                process = start_server(cmd)
         verify_locked(cmd)
     except LabError as err:
         asked_to_stop = bool(stopping)  # a signal during start-up: stopping is what was wanted, not an error

@@ -41,6 +41,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+from course_lib import atomic
+
 DEFAULT_TIMEOUT_S = 600.0
 TAIL_LINES = 30
 # torchrun fills ${rank} for each worker; lines printed by torchrun itself carry no tag.
@@ -140,7 +142,7 @@ def _target(code_or_path: str | os.PathLike[str], tmp: Path) -> str | Path:
                                     "path.")
         return path
     script = tmp / "cell.py"
-    script.write_text(str(code_or_path), encoding="utf-8")
+    atomic.write_text(script, str(code_or_path))
     return script
 
 

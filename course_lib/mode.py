@@ -23,11 +23,18 @@ T = TypeVar("T")
 MODES = ("full", "smoke")
 
 
+class SettingError(ValueError):
+    """An environment variable of the course holds a value it cannot use; the message names it and what to set.
+
+    Every command reports it as one ``error:`` line (exit code 2) before doing any work.
+    """
+
+
 def mode() -> str:
     """Return the active mode, ``"full"`` or ``"smoke"`` (read on every call)."""
     value = os.environ.get("COURSE_MODE", "full").strip().lower() or "full"
     if value not in MODES:
-        raise ValueError(
+        raise SettingError(
             f"COURSE_MODE={value!r} is not a mode; use one of {MODES} "
             "(e.g. `export COURSE_MODE=smoke` for a quick wiring check)."
         )
@@ -51,7 +58,23 @@ def by_mode(smoke: T, full: T) -> T:
 
 
 def data_dir() -> Path:
-    """Root of the data cache (``COURSE_DATA_DIR`` or ``~/.cache/course_lib``)."""
+    """Root of the data cache (``COURSE_DATA_DIR`` or ``~/.cache/course_lib``); a file there: :class:`SettingError`."""
     root = os.environ.get("COURSE_DATA_DIR")
     path = Path(root).expanduser() if root else Path.home() / ".cache" / "course_lib"
+    if path.exists() and not path.is_dir():  # checked here, once, before anything is generated into it
+        named = f"COURSE_DATA_DIR={root}" if root else f"the data folder {path} (COURSE_DATA_DIR is unset)"
+        raise SettingError(f"{named} is a file, not a folder; point COURSE_DATA_DIR at a folder (it is created if "
+                           f"missing), or move that file away.")
     return path
+
+
+def data_dir_hint(filename: object) -> str:
+    """``" COURSE_DATA_DIR chooses where the data goes."`` when a failed file is in the data folder, else ``""``."""
+    if not filename:
+        return ""
+    try:
+        root = os.path.abspath(data_dir())
+    except SettingError:
+        return ""
+    path = os.path.abspath(os.fsdecode(filename))  # type: ignore[arg-type]
+    return " COURSE_DATA_DIR chooses where the data goes." if path == root or path.startswith(root + os.sep) else ""

@@ -141,7 +141,7 @@ def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 
     out_dir.mkdir(parents=True, exist_ok=True)
     # Whole or not at all: a killed build never leaves half a notebook behind a valid key.
     atomic.write_with(out, lambda f: nbformat.write(nb, f), encoding="utf-8")
-    key_file.write_text(key)
+    atomic.write_text(key_file, key)
     return True
 
 
@@ -207,7 +207,7 @@ def _write_if_changed(path: Path, text: str) -> None:
     """Unchanged files keep their time stamps, so Sphinx rebuilds only the pages that changed."""
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        atomic.write_text(path, text)
 
 
 def _toctree(caption: str, entries: list[str]) -> str:

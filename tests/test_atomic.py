@@ -77,3 +77,53 @@ def test_permissions_follow_the_umask_unless_private(tmp_path: Path) -> None:
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "shared").stat().st_mode) == 0o644  # as open(..., "w") makes it
     assert stat.S_IMODE((tmp_path / "private").stat().st_mode) == 0o600  # as tempfile.mkstemp made it
+
+
+# ------------------------------------------------------------------------------------------- planted links
+def test_replacing_a_planted_link_replaces_the_link_never_the_file_it_points_to(tmp_path: Path) -> None:
+    notebook = tmp_path / "lesson.ipynb"
+    notebook.write_bytes(b'{"cells": []}')
+    link = tmp_path / "report.json"
+    link.symlink_to(notebook)
+    atomic.write_text(link, "new")
+    assert notebook.read_bytes() == b'{"cells": []}'
+    assert not link.is_symlink() and link.read_text() == "new"
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_appending_through_a_planted_link_is_refused_in_one_line(tmp_path: Path, dangling: bool) -> None:
+    notebook = tmp_path / "lesson.ipynb"
+    if not dangling:
+        notebook.write_bytes(b'{"cells": []}')
+    link = tmp_path / "claims.jsonl"
+    link.symlink_to(notebook)
+    with pytest.raises(atomic.LinkRefused) as caught:
+        atomic.open_append(link)
+    message = str(caught.value)
+    assert "\n" not in message and str(link) in message and "symbolic link" in message and "rm " in message
+    if dangling:
+        assert not notebook.exists(), "a dangling link must not create the file it points to"
+    else:
+        assert notebook.read_bytes() == b'{"cells": []}'
+
+
+def test_the_claim_log_and_the_journal_lock_never_write_through_a_planted_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from course_lib import journal
+    from course_lib.perf import claims
+    from course_lib.perf.compare import Verdict
+
+    notebook = tmp_path / "lesson.ipynb"
+    notebook.write_bytes(b'{"cells": []}')
+    (tmp_path / "claims.jsonl").symlink_to(notebook)
+    monkeypatch.setenv(claims.ENV, str(tmp_path / "claims.jsonl"))
+    verdict = Verdict(a="a", b="b", outcome="too_close", ratio=1.0, low=0.9, high=1.1, quantity="wall", a_times=(1.0,),
+                      b_times=(1.0,), band=0.1)
+    with pytest.raises(atomic.LinkRefused):
+        claims.record(verdict, "a and b are too close to call")
+    (tmp_path / "progress.json.lock").symlink_to(notebook)
+    monkeypatch.setenv("COURSE_PROGRESS_FILE", str(tmp_path / "progress.json"))
+    monkeypatch.delenv("COURSE_UNATTENDED", raising=False)
+    journal.exercise_checked("07", 1, 3)  # the journal never stops anything: one line
+    assert "symbolic link" in capsys.readouterr().err
+    assert notebook.read_bytes() == b'{"cells": []}'

@@ -105,3 +105,66 @@ def test_a_same_size_corruption_is_found_by_checksum_and_names_the_file_when_rea
         data.val[index]
     repair_shapes(shapes)
     assert verify_shapes(shapes).ok
+
+
+def _rot(path: Path) -> None:
+    """Flip one bit inside the compressed pixels: same size, still decodes, different pixels (bit rot)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_rotted_bytes_that_still_decode_are_refused_where_they_are_read(shapes: Path, tmp_path: Path, capsys) -> None:
+    """Seen: `data info` knew the file was damaged, and training used it without a word."""
+    from course_lib.data.images import KeyedImageFolder
+
+    path = shapes / "val" / "hexagon" / "2.jpg"
+    _rot(path)
+    unchecked = KeyedImageFolder(shapes / "val", transform=lambda image: image)
+    index = next(i for i, (p, _) in enumerate(unchecked.samples) if Path(p) == path)
+    unchecked[index]  # decodes: only the manifest can tell
+    data = load_image_datasets("shapes")  # the load-time check (sizes) passes
+    with pytest.raises(DataError, match="data prepare") as info:
+        data.val[index]
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+    code = train_cli.main(["--steps", "2", "--eval-every", "2", "--device", "cpu", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and str(path) in lines[0] and "data prepare" in lines[0], err
+
+
+def test_junk_files_and_hidden_folders_are_ignored_everywhere_class_folders_are_listed(shapes: Path, tmp_path: Path,
+                                                                                         capsys) -> None:
+    """Seen: macOS `._*` twins (a `.jpg` name, no image inside) passed verification and then stopped training."""
+    before = (len(load_image_datasets("shapes").train), len(load_image_datasets("shapes").val))
+    for folder in (shapes / "train" / "circle", shapes / "val" / "star"):
+        (folder / "._0.jpg").write_bytes(b"\x00\x05\x16\x07AppleDouble resource fork")
+        (folder / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (shapes / "train" / ".DS_Store").write_bytes(b"Bud1")
+    (shapes / "val" / ".Trashes").mkdir()
+    (shapes / "val" / ".Trashes" / "0.jpg").write_bytes(b"not a class")
+    assert verify_shapes(shapes).ok
+    data = load_image_datasets("shapes")
+    assert (len(data.train), len(data.val)) == before
+    assert not any(Path(p).name.startswith(".") for p, _ in data.train.samples + data.val.samples)
+    assert data.val.classes == sorted(data.class_names)
+    assert data_cli(["info"]) == 0 and "verified" in capsys.readouterr().out
+    code = train_cli.main(["--steps", "2", "--eval-every", "2", "--device", "cpu", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("meta", ['{"params": {"format"', "", "[]", '{"params": {}}'])
+def test_a_cut_short_manifest_is_reported_by_data_info_and_regenerated_by_prepare(shapes: Path, capsys,
+                                                                                  meta: str) -> None:
+    """Seen: `data info` crashed with a traceback on a truncated meta.json."""
+    (shapes / "meta.json").write_text(meta)
+    assert data_cli(["info"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert "DAMAGED" in captured.out and "meta.json" in captured.out and "data prepare" in captured.out
+    with pytest.raises(DataError, match="data prepare"):
+        verify_shapes(shapes)
+    assert data_cli(["prepare", "--quiet", "--which", "shapes"]) == 0
+    assert verify_shapes(shapes).ok

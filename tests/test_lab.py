@@ -214,3 +214,48 @@ def test_lab_stays_locked_with_a_token_emptying_user_config_and_dies_with_its_la
             os.killpg(launcher.pid, signal.SIGKILL)  # whatever is left of its group (nothing, when all went well)
         except ProcessLookupError:
             pass
+
+
+class _FakeServer:
+    """A server process as ``main`` sees it: exited at once (its port was taken), or running until stopped."""
+
+    def __init__(self, exits: bool) -> None:
+        self.returncode = 1 if exits else None
+        self.pid = -1
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self.returncode = 0
+        return 0
+
+
+def test_a_port_taken_while_the_server_starts_moves_to_the_next_free_one(tmp_path, capsys, monkeypatch):
+    """Seen: a second `course lab` started beside a first failed instead of taking another port (the first took the
+    port between the second's check and its server's start)."""
+    root = _notebook_tree(tmp_path)
+    port = lab.free_port()
+    started: list[int] = []
+    with socket.socket() as thief:
+        def start(cmd):
+            started.append(cmd.port)
+            if len(started) == 1:  # the other lab binds the port now, and this server exits
+                thief.bind(("127.0.0.1", cmd.port))
+                thief.listen()
+                return _FakeServer(exits=True)
+            return _FakeServer(exits=False)
+
+        monkeypatch.setattr(lab, "start_server", start)
+        monkeypatch.setattr(lab, "_http_status", lambda cmd, path, token, timeout=3.0: 200 if token else 403)
+        monkeypatch.setattr(lab, "ensure_course_settings", lambda: None)
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            code = lab.main(["--port", str(port), "--notebook-dir", str(root), "--no-browser"])
+        finally:
+            for signum, handler in handlers.items():  # main installs its own: this process keeps the test runner's
+                signal.signal(signum, handler)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert started[0] == port and len(started) == 2 and started[1] > port
+    assert f"trying port {started[1]}" in out and f"uses port {started[1]}" in out

@@ -214,6 +214,43 @@ def test_a_live_lock_is_refused_naming_its_pid_and_a_killed_holders_lock_is_take
     assert not (out / LOCK_FILE).exists()
 
 
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_lock_file_that_is_a_planted_link_is_refused_and_its_target_is_untouched(tmp_path: Path, capsys,
+                                                                                   dangling: bool) -> None:
+    """Seen: ``.lock -> notebook`` was followed and the notebook overwritten by the lock's PID record."""
+    notebook = tmp_path / "lesson.ipynb"
+    if not dangling:
+        notebook.write_bytes(b'{"cells": [], "nbformat": 4}')
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).symlink_to(notebook)
+    code, err = _cli(capsys, *SMOKE_CLI, "--out", str(out))
+    assert code == 2, err
+    _assert_one_error_line(err, str(out / LOCK_FILE), "symbolic link", "rm ")
+    if dangling:
+        assert not notebook.exists()
+    else:
+        assert notebook.read_bytes() == b'{"cells": [], "nbformat": 4}'
+    assert (out / LOCK_FILE).is_symlink(), "the learner's link is theirs to remove"
+
+
+def test_a_run_never_writes_through_links_planted_at_its_metrics_or_checkpoint(tmp_path: Path, capsys) -> None:
+    """Both are replaced whole (a temporary file created with O_EXCL, then a rename): the link goes, not its target."""
+    notebook = tmp_path / "lesson.ipynb"
+    notebook.write_bytes(b'{"cells": [], "nbformat": 4}')
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").symlink_to(notebook)
+    code, err = _cli(capsys, *SMOKE_CLI, "--out", str(out))
+    assert code == 0, err
+    (out / "ckpt.pt").unlink()
+    (out / "ckpt.pt").symlink_to(notebook)
+    code, err = _cli(capsys, *SMOKE_CLI, "--overwrite", "--out", str(out))
+    assert code == 0, err
+    assert notebook.read_bytes() == b'{"cells": [], "nbformat": 4}'
+    assert not (out / "metrics.jsonl").is_symlink() and not (out / "ckpt.pt").is_symlink()
+
+
 def _start_cli(out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "course_lib", "train", *extra, "--out", str(out)], cwd=REPO, text=True,
@@ -252,6 +289,39 @@ def test_two_concurrent_runs_into_one_folder_and_ctrl_c(tmp_path: Path) -> None:
     assert _strict_json_lines(out / "metrics.jsonl") == saved["history"]
     steps = [r["step"] for r in saved["history"] if "loss" in r]
     assert steps == sorted(set(steps)), "each step logged once"
+    assert not (out / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize(("stop", "workers"), [("SIGTERM", 0), ("SIGTERM", 2), ("SIGINT", 2)])
+def test_sigterm_stops_like_ctrl_c_with_one_line_naming_the_resume_command(tmp_path: Path, stop: str,
+                                                                           workers: int) -> None:
+    """SIGTERM is what a cluster scheduler or a container sends before killing. Seen: the run exited silently, no
+    word on how to resume; and Ctrl-C beside loader workers sometimes ended in a traceback. With workers the signal
+    goes to the whole process group, as a terminal's Ctrl-C and a scheduler's SIGTERM do."""
+    signum = getattr(signal, stop)
+    out = tmp_path / "run"
+    first = _start_cli(out, "--steps", "100000", "--eval-every", "3", "--log-every", "3", "--bs", "16",
+                       "--device", "cpu", "--workers", str(workers))
+    try:
+        deadline = time.monotonic() + 180  # a hang guard only
+        while not (out / "ckpt.pt").exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "no checkpoint within 180 s"
+            time.sleep(0.05)
+        if workers:
+            os.killpg(first.pid, signum)
+        else:
+            first.send_signal(signum)
+        _, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert first.returncode == (143 if stop == "SIGTERM" else 130), err
+    line = _assert_one_error_line(err, "SIGTERM" if stop == "SIGTERM" else "Ctrl-C", "--resume", str(out))
+    assert "python -m course_lib train --out" in line and "last checkpoint (step" in line
+    saved = read_checkpoint(out / "ckpt.pt")
+    assert _strict_json_lines(out / "metrics.jsonl") == saved["history"]
     assert not (out / LOCK_FILE).exists()
 
 
@@ -443,3 +513,86 @@ def test_a_garbage_checkpoint_never_suggests_weights_only_false(tmp_path: Path, 
     assert code == 2
     line = _assert_one_error_line(err, str(ckpt), "cannot be read")
     assert "weights_only" not in line and "arbitrary code" not in line
+
+
+# ---------------------------------------------------------------------- resume: refused before any data is made
+def test_a_smoke_run_resumed_in_full_mode_is_refused_before_any_data_is_generated(tmp_path: Path, capsys,
+                                                                                   monkeypatch) -> None:
+    """Seen: refused only after generating the full-mode data (68 s)."""
+    out = tmp_path / "run"
+    _finished_run(capsys, out)
+    before = _digest(out / "ckpt.pt")
+    empty = tmp_path / "no-data-yet"
+    monkeypatch.setenv("COURSE_DATA_DIR", str(empty))
+    monkeypatch.setenv("COURSE_MODE", "full")
+    code, err = _cli(capsys, "--out", str(out), "--resume")
+    assert code == 2
+    _assert_one_error_line(err, "COURSE_MODE=smoke", "COURSE_MODE=full")
+    assert not empty.exists(), "nothing is generated for a run that is refused"
+    assert _digest(out / "ckpt.pt") == before
+
+
+def _rewrite_checkpoint(path: Path, **changes) -> None:
+    payload = torch.load(path, weights_only=True)
+    for key, value in changes.items():
+        if key == "config":
+            payload["config"].update(value)
+        else:
+            payload[key] = value
+    torch.save(payload, path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has the CUDA GPU the checkpoint asks for")
+def test_an_fp16_gpu_checkpoint_resumed_on_a_cpu_gives_advice_that_is_accepted(tmp_path: Path, capsys) -> None:
+    """Seen: the advice (use bf16 or fp32) was refused in turn, as a change of the run's trajectory."""
+    out = tmp_path / "run"
+    _finished_run(capsys, out)
+    _rewrite_checkpoint(out / "ckpt.pt", config={"amp_dtype": "fp16", "device": "cuda:0"})
+    code, err = _cli(capsys, "--out", str(out), "--resume")
+    assert code == 2
+    _assert_one_error_line(err, "fp16", "CUDA GPU", "another --out", "--amp-dtype fp32")
+    # What it says to do works: a new run with fp32 in another folder...
+    assert _cli(capsys, *SMOKE_CLI, "--amp-dtype", "fp32", "--out", str(tmp_path / "fp32"))[0] == 0
+    # ...while continuing this one in another precision is refused, as the line says, before any work.
+    code, err = _cli(capsys, "--out", str(out), "--resume", "--amp-dtype", "fp32")
+    assert code == 2
+    _assert_one_error_line(err, "amp_dtype", "different run")
+
+
+def test_a_checkpoint_from_a_newer_format_names_the_update(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    _finished_run(capsys, out)
+    _rewrite_checkpoint(out / "ckpt.pt", format=checkpoint_module.FORMAT_VERSION + 1)
+    code, err = _cli(capsys, "--out", str(out), "--resume")
+    assert code == 2
+    _assert_one_error_line(err, "newer course_lib", "git pull", "another --out")
+
+
+def test_a_loader_worker_killed_by_the_oom_killer_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Seen: a traceback. The out-of-memory killer sends SIGKILL to a worker; the run's checkpoint stays intact."""
+    from course_lib.data.images import KeyedImageFolder
+
+    real = KeyedImageFolder.load_image
+
+    def killed_in_a_worker(self, index):
+        if torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, index)
+
+    monkeypatch.setattr(KeyedImageFolder, "load_image", killed_in_a_worker)
+    code, err = _cli(capsys, *SMOKE_CLI, "--workers", "1", "--out", str(tmp_path / "run"))
+    assert code == 1, err
+    _assert_one_error_line(err, "worker process died", "out-of-memory", "--workers 0")
+
+
+def test_exhausted_shared_memory_in_a_loader_worker_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """/dev/shm full (a container's 64 MB default): the worker's error as PyTorch raises it, wrapped."""
+    from course_lib.data.images import KeyedImageFolder
+
+    def no_shared_memory(self, index):
+        raise RuntimeError("unable to write to file </torch_4242_1234567_0>: No space left on device (28)")
+
+    monkeypatch.setattr(KeyedImageFolder, "load_image", no_shared_memory)
+    code, err = _cli(capsys, *SMOKE_CLI, "--workers", "1", "--out", str(tmp_path / "run"))
+    assert code == 1, err
+    _assert_one_error_line(err, "shared memory", "--workers 0", "--shm-size")

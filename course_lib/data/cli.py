@@ -9,7 +9,6 @@ damaged, saying what it repaired. ``info`` reports what is on disk, damage inclu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -75,18 +74,22 @@ def prepare(which: list[str], quiet: bool) -> int:
 def info() -> int:
     from course_lib.data.cifar import cifar_present, cifar_root
     from course_lib.data.corpus import text_root
-    from course_lib.data.shapes import META_FILE, shapes_root
+    from course_lib.data.shapes import META_FILE, read_meta, shapes_root
 
     print(f"mode: {mode.mode()}    data dir: {mode.data_dir()}  (COURSE_DATA_DIR)")
     from course_lib.data.errors import DataError
-    from course_lib.data.verify import verify_shapes
+    from course_lib.data.verify import is_junk, verify_shapes
 
     shapes = shapes_root()
-    if (shapes / META_FILE).is_file():
-        meta = json.loads((shapes / META_FILE).read_text())
+    try:
+        meta = read_meta(shapes) if (shapes / META_FILE).is_file() else None
+    except DataError as error:  # info tells what is on disk, a damaged manifest included
+        print(f"shapes:  {shapes}\n  DAMAGED: {error}")
+        meta = {}
+    if meta:
         files, size = _folder_size(shapes)
-        on_disk = {split: sum(1 for _ in (shapes / split).rglob("*.jpg")) if (shapes / split).is_dir() else 0
-                   for split in ("train", "val")}
+        on_disk = {split: sum(1 for p in (shapes / split).rglob("*.jpg") if not is_junk(p.name))
+                   if (shapes / split).is_dir() else 0 for split in ("train", "val")}
         print(f"shapes:  {shapes}\n  {on_disk['train']} train / {on_disk['val']} val JPEGs on disk "
               f"(generated: {meta['counts']['train']} / {meta['counts']['val']}), "
               f"{meta['image_size']}x{meta['image_size']} px stored, {files} files, {size / 1e6:.1f} MB")
@@ -98,7 +101,7 @@ def info() -> int:
         except DataError as error:
             state = f"cannot verify: {error}"
         print(f"  {state}")
-    else:
+    elif meta is None:
         print(f"shapes:  {shapes}  (not generated yet: python -m course_lib data prepare)")
     text = text_root()
     if (text / "meta.json").is_file():

@@ -9,29 +9,46 @@ Keys and augmentation: :mod:`course_lib.data.imagedata`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import io
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from PIL import Image
 from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
 from course_lib.data.cifar import load_cifar10
 from course_lib.data.errors import DataError
 from course_lib.data.imagedata import ImageData, KeyedImages, image_transform
 from course_lib.data.shapes import SHAPES_IMAGE_SIZE, prepare_shapes, read_meta
-from course_lib.data.verify import check_shapes
+from course_lib.data.verify import check_shapes, content_damage, is_junk
+
+
+def _is_sample(path: str) -> bool:
+    """An image file that is not junk (macOS's ``._0.jpg`` has the right extension and no image in it)."""
+    return not is_junk(os.path.basename(path)) and has_file_allowed_extension(path, IMG_EXTENSIONS)
 
 
 class KeyedImageFolder(KeyedImages, ImageFolder):
     """``torchvision.datasets.ImageFolder`` whose ``__getitem__`` also accepts ``(index, aug_seed)``.
 
     The folder scan (classes = sorted sub-folders, ``self.samples`` = ``(path, label)`` pairs) is
-    torchvision's; only the keyed augmentation is added. Module scope, so it pickles under ``spawn``.
+    torchvision's, minus hidden names (``.DS_Store``, ``._*``, hidden folders); the keyed augmentation is added.
+    ``manifest`` (path relative to ``root`` -> ``[size, crc32]``, from ``meta.json``) checks each file's bytes as
+    they are read. Module scope, so it pickles under ``spawn``.
     """
 
-    def __init__(self, root: str | Path, transform: Callable[[Image.Image], torch.Tensor]) -> None:
-        super().__init__(str(root), transform=transform)
+    def __init__(self, root: str | Path, transform: Callable[[Image.Image], torch.Tensor],
+                 manifest: Mapping[str, Sequence[int]] | None = None) -> None:
+        self.manifest = manifest
+        super().__init__(str(root), transform=transform, is_valid_file=_is_sample)
+
+    def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
+        classes, _ = super().find_classes(directory)
+        classes = [c for c in classes if not is_junk(c)]
+        return classes, {c: i for i, c in enumerate(classes)}
 
     def load_image(self, index: int) -> tuple[Image.Image, int]:
         """Read and decode one JPEG (no augmentation): the raw ``(PIL image, label)``.
@@ -40,7 +57,18 @@ class KeyedImageFolder(KeyedImages, ImageFolder):
         """
         path, label = self.samples[index]
         try:
-            with Image.open(path) as image:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise DataError(f"{path} cannot be read ({exc.strerror or exc}); repair the data with "
+                            "`python -m course_lib data prepare`.") from None
+        entry = None if self.manifest is None else self.manifest.get(
+            os.path.relpath(path, self.root).replace(os.sep, "/"))
+        why = None if entry is None else content_damage(data, entry)
+        if why is not None:
+            raise DataError(f"{path} is damaged ({why} since it was generated); training on it would use wrong "
+                            "pixels. Repair the data with `python -m course_lib data prepare`.")
+        try:
+            with Image.open(io.BytesIO(data)) as image:
                 return image.convert("RGB"), label
         except (OSError, SyntaxError, ValueError) as exc:  # PIL raises these for truncated or foreign files
             raise DataError(f"{path} cannot be decoded ({exc}); the file is damaged. Repair the data with "
@@ -72,8 +100,13 @@ def load_image_datasets(
     meta = read_meta(folder)
     size = size or SHAPES_IMAGE_SIZE
     mean, std = tuple(meta["mean"]), tuple(meta["std"])
-    train = KeyedImageFolder(folder / "train", image_transform(size, mean, std, augment=augment))
-    val = KeyedImageFolder(folder / "val", image_transform(size, mean, std, augment=False))
+    files = meta.get("files") or {}
+
+    def manifest(split: str) -> dict[str, list[int]]:
+        return {k.split("/", 1)[1]: v for k, v in files.items() if k.startswith(split + "/")}
+
+    train = KeyedImageFolder(folder / "train", image_transform(size, mean, std, augment=augment), manifest("train"))
+    val = KeyedImageFolder(folder / "val", image_transform(size, mean, std, augment=False), manifest("val"))
     for split in (train, val):  # checked above; this states the invariant the labels rely on
         if split.classes != sorted(meta["class_names"]):
             raise DataError(f"{split.root}: class folders {split.classes} differ from the stored class list "

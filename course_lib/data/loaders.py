@@ -30,7 +30,9 @@ Reproducibility: the order comes from the sampler (a pure function of seed and e
 from __future__ import annotations
 
 import functools
+import os
 import random
+import signal
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +55,24 @@ def seed_worker(worker_id: int) -> None:
     worker_seed = torch.initial_seed() % 2**32
     np.random.seed(worker_seed)
     random.seed(worker_seed)
+
+
+def _quiet_exit(signum: int, frame: Any) -> None:
+    os._exit(0)
+
+
+def _init_worker(worker_id: int) -> None:
+    """``worker_init_fn`` of :func:`make_loader`: :func:`seed_worker`, and Ctrl-C and SIGTERM left to the main process.
+
+    A terminal's Ctrl-C and a scheduler's SIGTERM reach the whole process group. A worker that died of one made the
+    main process fail with "DataLoader worker ... killed by signal" (with a traceback from the loader's ``__del__``)
+    before it could stop cleanly. Here Ctrl-C is ignored (the main process stops, then shuts its workers down), and
+    SIGTERM ends the worker with status 0, which PyTorch does not report (ignoring it would defeat the loader's own
+    ``terminate()`` of a stuck worker). A worker whose main process is killed outright still exits (its watchdog).
+    """
+    seed_worker(worker_id)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _quiet_exit)
 
 
 def _is_int(value: Any) -> bool:
@@ -111,7 +131,7 @@ def make_loader(
     workers: dict[str, Any] = {}
     if num_workers > 0:
         workers = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
-                   "worker_init_fn": seed_worker, "multiprocessing_context": multiprocessing_context}
+                   "worker_init_fn": _init_worker, "multiprocessing_context": multiprocessing_context}
     return DataLoader(
         dataset,
         batch_size=batch_size,

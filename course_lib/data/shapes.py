@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 from course_lib import mode
+from course_lib.data.errors import DataError
 from course_lib.progress import tqdm
 
 CLASS_NAMES: tuple[str, ...] = (
@@ -152,11 +153,27 @@ def is_complete(root: Path, params: dict) -> bool:
         meta = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return meta.get("params") == params
+    return isinstance(meta, dict) and meta.get("params") == params
+
+META_KEYS = ("params", "class_names", "counts", "image_size", "mean", "std")
+
 
 def read_meta(root: Path) -> dict:
-    """The ``meta.json`` of a generated dataset (class names, sizes, mean/std)."""
-    return json.loads((Path(root) / META_FILE).read_text())
+    """The ``meta.json`` of a generated dataset (class names, sizes, mean/std); :class:`DataError` when it is
+    missing, cut short or not what generation writes (a copy interrupted half-way, a full disk)."""
+    path = Path(root) / META_FILE
+    fix = "`python -m course_lib data prepare` generates the dataset again"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path} is missing, so {root} holds no complete dataset; {fix}.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        why = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+        raise DataError(f"{path} is damaged (cut short, or not JSON: {why}); {fix}.") from None
+    missing = [k for k in META_KEYS if k not in meta] if isinstance(meta, dict) else list(META_KEYS)
+    if missing:
+        raise DataError(f"{path} is damaged (it lacks {', '.join(missing)}); {fix}.")
+    return meta
 
 def generate_shapes(
     root: str | Path,
@@ -192,7 +209,10 @@ def generate_shapes(
     _remove_abandoned_scratch(root)
     scratch = root.parent / f".{root.name}.partial-{os.getpid()}"
     shutil.rmtree(scratch, ignore_errors=True)
+    if scratch.is_symlink():  # rmtree refuses a link; writing into it would fill the folder it points to
+        scratch.unlink()
     try:
+        scratch.mkdir()  # ours alone: fails rather than reuse whatever sits at that name
         _write_images(scratch, params, progress=progress, label=str(root))
         if is_complete(root, params):  # another process finished first: keep its copy
             return root

@@ -9,6 +9,10 @@ a truncated JPEG fails deep inside a DataLoader worker. So:
   stored class list, and every file is there with its recorded size. Sizes come from ``stat``: cheap.
 * :func:`verify_shapes` (``data prepare`` and ``data info``): the same, plus each file's CRC-32 (reads every byte;
   a fraction of a second for the full dataset).
+* :func:`content_damage` (each time an image is read, by ``KeyedImageFolder``): the bytes just read against their
+  manifest entry. A CRC-32 of a few KB costs far less than decoding the JPEG, and bytes that rot after the load-time
+  check (same size, still decodable) would otherwise train silently on wrong pixels.
+* :func:`is_junk`: what every listing of class folders skips (``.DS_Store``, macOS ``._*`` twins, any hidden name).
 * :func:`repair_shapes`: every image is a pure function of the generation parameters and its position, so a missing
   or damaged file is drawn again, byte for byte; files and folders the manifest does not list are removed.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +31,21 @@ from course_lib.data.errors import DataError
 from course_lib.data.shapes import SPLITS, encode_image, read_meta
 
 REPAIR_HINT = "repair it with `python -m course_lib data prepare`"
+
+
+def is_junk(name: str) -> bool:
+    """A hidden name (``.DS_Store``, macOS's ``._0.jpg`` twins, ``.ipynb_checkpoints``): never a class or a sample."""
+    return name.startswith(".")
+
+
+def content_damage(data: bytes, entry: Sequence[int]) -> str | None:
+    """Why ``data`` is not the file its manifest entry ``[size, crc32]`` describes; None when it is."""
+    size, crc = entry
+    if len(data) != size:
+        return f"{len(data)} bytes, expected {size}"
+    if zlib.crc32(data) != crc:
+        return "contents changed"
+    return None
 
 
 @dataclass
@@ -75,8 +95,8 @@ def _scan(root: Path, meta: dict, *, checksums: bool) -> DataReport:
     for split in SPLITS:
         split_dir = root / split
         present = sorted(p.name for p in split_dir.iterdir()) if split_dir.is_dir() else []
-        for name in present:  # every folder here becomes a class (hidden ones too): only the listed may exist
-            if name not in classes and (split_dir / name).is_dir():
+        for name in present:  # every folder here becomes a class (hidden ones are skipped): only the listed may exist
+            if name not in classes and not is_junk(name) and (split_dir / name).is_dir():
                 report.extra.append(f"{split}/{name}/")
         for name in classes:
             folder = split_dir / name
@@ -84,7 +104,7 @@ def _scan(root: Path, meta: dict, *, checksums: bool) -> DataReport:
                 continue
             listed = {k.rsplit("/", 1)[1] for k in manifest if k.startswith(f"{split}/{name}/")}
             for entry in sorted(os.listdir(folder)):
-                if entry not in listed and not entry.startswith("."):  # .DS_Store and the like are no samples
+                if entry not in listed and not is_junk(entry):  # .DS_Store and the like are no samples
                     report.extra.append(f"{split}/{name}/{entry}")
     for relative, (size, crc) in manifest.items():
         path = root / relative
@@ -96,8 +116,8 @@ def _scan(root: Path, meta: dict, *, checksums: bool) -> DataReport:
         report.files += 1
         if actual != size:
             report.damaged.append(f"{relative} ({actual} bytes, expected {size})")
-        elif checksums and zlib.crc32(path.read_bytes()) != crc:
-            report.damaged.append(f"{relative} (contents changed)")
+        elif checksums and (why := content_damage(path.read_bytes(), (size, crc))):
+            report.damaged.append(f"{relative} ({why})")
     report.missing = _group_missing(root, report.missing)
     return report
 
@@ -139,7 +159,7 @@ def repair_shapes(root: str | Path) -> DataReport:
             path.unlink(missing_ok=True)
     for relative, (size, crc) in manifest.items():
         path = root / relative
-        if path.is_file() and path.stat().st_size == size and zlib.crc32(path.read_bytes()) == crc:
+        if path.is_file() and path.stat().st_size == size and content_damage(path.read_bytes(), (size, crc)) is None:
             continue
         split, class_name, file_name = relative.split("/")
         data, _ = encode_image(params, split, classes.index(class_name), int(file_name.split(".")[0]))

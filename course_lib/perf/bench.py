@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from course_lib import clock
+from course_lib import atomic, clock
 from course_lib.device import pick_device, synchronize
 from course_lib.perf.mfu import gpt_flops_per_token, peak_flops  # noqa: F401 - section (d); re-exported
 from course_lib.train.loss import mean_cross_entropy
@@ -715,8 +715,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         torch.set_num_threads(previous_threads)  # callers (notebooks, tests) keep their own setting
         step_clock = previous_clock
-    (out / "latest.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-    (out / "latest.md").write_text(to_markdown(report), encoding="utf-8")
+    atomic.write_text(out / "latest.json", json.dumps(report, indent=2, default=str) + "\n")
+    atomic.write_text(out / "latest.md", to_markdown(report))
     print(to_markdown(report))
     print(f"written: {out / 'latest.md'}, {out / 'latest.json'}")
     return 1 if report["errors"] else 0

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from course_lib import atomic
 from course_lib.perf.compare import OUTCOMES, TIMED_QUANTITIES, Verdict, decide
 
 __all__ = ["ENV", "FORMAT", "FIELDS", "current_lesson", "record", "problems", "check_file", "main"]
@@ -69,7 +70,7 @@ def record(verdict: Verdict, sentence: str) -> None:
     if not path:
         return
     line = json.dumps(entry(verdict, sentence), ensure_ascii=False) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
+    with atomic.open_append(path) as f:  # a link planted at the log's path is refused, not written through
         f.write(line)
 
 

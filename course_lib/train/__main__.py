@@ -2,7 +2,11 @@
 
 import sys
 
-from course_lib.train.cli import main
+try:
+    from course_lib.train.cli import main  # imports torch: seconds, in which Ctrl-C is likely
+except KeyboardInterrupt:
+    print("\nerror: interrupted (Ctrl-C) while starting; nothing was done.", file=sys.stderr)
+    sys.exit(130)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -211,12 +211,16 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"checkpoint {path} is missing {missing}; it was not written by save_checkpoint.")
     if payload["format"] != FORMAT_VERSION:
+        newer = isinstance(payload["format"], int) and payload["format"] > FORMAT_VERSION
+        todo = ("it was written by a newer course_lib: update this copy (`git pull`, then `make setup`) to resume it"
+                if newer else "it was written by an older course_lib, which this one cannot continue")
         raise CheckpointError(
-            f"checkpoint {path} has format {payload['format']!r}; this code reads format {FORMAT_VERSION}.")
+            f"checkpoint {path} has format {payload['format']!r}; this code reads format {FORMAT_VERSION}, so {todo}; "
+            f"or start a new run in another --out.")
     if not isinstance(payload["step"], int) or payload["step"] < 0:
         raise CheckpointError(f"checkpoint {path} has an invalid step {payload['step']!r}.")
     if handshake_guard_s() is not None:
-        with open(_reads_file(path), "a", encoding="utf-8") as reads:
+        with atomic.open_append(_reads_file(path)) as reads:
             reads.write(f"{payload['step']}\n")
     return payload
 
@@ -265,6 +269,17 @@ def hold_until_read(path: str | Path, step: int) -> bool:
             pass
         time.sleep(0.01)
     return False
+
+
+def check_mode(payload: dict[str, Any], path: str | Path) -> None:
+    """Refuse a checkpoint written in another COURSE_MODE (cheap: the command line calls it before making data)."""
+    saved_mode = payload.get("mode")
+    if saved_mode is not None and saved_mode != mode.mode():
+        raise CheckpointError(
+            f"checkpoint {path} was written with COURSE_MODE={saved_mode}, but this process runs with "
+            f"COURSE_MODE={mode.mode()} (model sizes and data depend on the mode). "
+            f"Resume with COURSE_MODE={saved_mode}, or start a new run in another --out."
+        )
 
 
 def check_compatible(saved: dict[str, Any] | None, current: Any, path: str | Path, step: int = 0) -> None:
@@ -331,13 +346,7 @@ def load_checkpoint(
     path = Path(path)
     payload = read_checkpoint(path)
     # 1. Check everything first...
-    saved_mode = payload.get("mode")
-    if saved_mode is not None and saved_mode != mode.mode():
-        raise CheckpointError(
-            f"checkpoint {path} was written with COURSE_MODE={saved_mode}, but this process runs with "
-            f"COURSE_MODE={mode.mode()} (model sizes and data depend on the mode). "
-            f"Resume with COURSE_MODE={saved_mode}, or start a new run in another --out."
-        )
+    check_mode(payload, path)
     check_compatible(payload["config"], config, path, step=payload["step"])
     if model is not None:
         _check_model_state(payload["model"], model, path)

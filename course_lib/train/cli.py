@@ -11,9 +11,15 @@ refused too. The run uses the course's intra-op thread count (``COURSE_THREADS``
 :func:`course_lib.device.course_threads`), like every lesson.
 
 Every failure ends in one ``error:`` line that says what, why and what to do, never a traceback. Exit codes:
-``0`` done, ``1`` the run failed while running (diverged, disk full, a file could not be written: the last good
-checkpoint is intact), ``2`` bad input (options, folder, data, checkpoint: nothing was changed), ``130``
-interrupted with Ctrl-C (the line says how to resume).
+``0`` done, ``1`` the run failed while running (diverged, disk full, a file could not be written, a data-loading
+worker killed: the last good checkpoint is intact), ``2`` bad input (options, environment, folder, data,
+checkpoint: nothing was changed), ``130`` interrupted with Ctrl-C, ``143`` stopped by SIGTERM (what a cluster
+scheduler or a container sends before killing). Both stop the run the same way: the last checkpoint is kept, the
+metrics are cut back to it, and the line says how to resume.
+
+Everything that can be checked cheaply is checked before the data is generated or loaded: the options, the
+environment (``COURSE_MODE``, ``COURSE_DATA_DIR``), the folder, and on ``--resume`` the checkpoint itself (its
+format, its mode, its precision on this machine, and that the options continue the same run).
 """
 
 from __future__ import annotations
@@ -24,20 +30,22 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import sys
 import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from course_lib.device import apply_course_threads
-from course_lib.train.checkpoint import CheckpointError, WriteError, read_checkpoint
+from course_lib import atomic, mode
+from course_lib.device import apply_course_threads, pick_device
+from course_lib.train.checkpoint import CheckpointError, WriteError, check_compatible, check_mode, read_checkpoint
 from course_lib.train.config import ConfigError, TrainConfig
 from course_lib.train.guard import NonFiniteError
-from course_lib.train.loop import CHECKPOINT_FILE, METRICS_FILE
+from course_lib.train.loop import CHECKPOINT_FILE, METRICS_FILE, Terminated, stop_signals
 from course_lib.train.rundir import RunFolderError, run_folder
 
-EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
 
 _HELP = {
     "lr": "peak learning rate",
@@ -108,17 +116,59 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 f"--resume: there is no checkpoint at {ckpt}; start the run without --resume first "
                 "(or point --out at the run directory)."
             )
-        saved = read_checkpoint(ckpt)["config"] or {}
+        payload = read_checkpoint(ckpt)
+        check_mode(payload, ckpt)  # now, not after generating the other mode's data
+        saved = payload["config"] or {}
         saved = {k: v for k, v in saved.items() if k in TrainConfig.__dataclass_fields__}
         saved.pop("device", None)  # the checkpoint stores the resolved device; pick again on this machine
-        return TrainConfig(**{**saved, **given})
+        _check_precision_here(saved, given, ckpt)
+        cfg = TrainConfig(**{**saved, **given})
+        check_compatible(payload["config"], cfg.resolved(), ckpt, step=payload["step"])
+        return cfg
     return TrainConfig(**given)
+
+
+def _check_precision_here(saved: dict[str, Any], given: dict[str, Any], ckpt: Path) -> None:
+    """An fp16 run (CUDA only) resumed where there is no GPU: say what can work. Another precision cannot: it is
+    part of the run's trajectory, so suggesting ``--amp-dtype fp32`` would only be refused in turn."""
+    if saved.get("amp_dtype") != "fp16" or "amp_dtype" in given:
+        return
+    try:
+        here = pick_device(given.get("device", "auto")).type
+    except ValueError:
+        return  # a bad --device is reported by the config's own check
+    if here != "cuda":
+        raise CheckpointError(
+            f"checkpoint {ckpt} was trained in fp16 on a CUDA GPU, and fp16 training needs one (here the device is "
+            f"{here!r}); the precision is part of the run, so another one would not continue it. Resume it on a "
+            f"machine with a CUDA GPU, or start a new run in another --out with --amp-dtype fp32 (or bf16).")
 
 
 def _bad_input_types() -> tuple[type[BaseException], ...]:
     from course_lib.data.errors import DataError, DatasetUnavailable, LoaderConfigError
 
-    return (ConfigError, CheckpointError, RunFolderError, DatasetUnavailable, LoaderConfigError, DataError)
+    return (ConfigError, CheckpointError, RunFolderError, DatasetUnavailable, LoaderConfigError, DataError,
+            mode.SettingError)
+
+
+def loader_failure_line(exc: BaseException) -> str | None:
+    """One line for a DataLoader worker that died (OOM killer) or ran out of shared memory; None for anything else.
+
+    PyTorch reports both as a RuntimeError whose text names the worker; its advice (``--shm-size``, ``ulimit``)
+    is about a container, so the line says what to do with this command.
+    """
+    text = str(exc)
+    if "shared memory" in text or "/torch_" in text or ("No space left" in text and "DataLoader" in text):
+        return ("the data-loading workers ran out of shared memory (/dev/shm is full or too small, common in "
+                "containers); run again with --workers 0, or give the container more shared memory (docker run "
+                "--shm-size=1g); --resume continues from the last checkpoint, which is intact, if one was written.")
+    if "DataLoader worker" in text and ("killed by signal" in text or "exited unexpectedly" in text):
+        signal_name = text.split("killed by signal:", 1)[1].strip().rstrip(".") if "killed by signal:" in text else ""
+        why = f" (killed by signal: {signal_name})" if signal_name else ""
+        return (f"a data-loading worker process died{why}; the out-of-memory killer does this when memory runs out. "
+                f"Run again with fewer --workers (or --workers 0) or a smaller --bs; --resume continues from the last "
+                f"checkpoint, which is intact, if one was written.")
+    return None
 
 
 def one_line(exc: BaseException) -> str:
@@ -139,14 +189,16 @@ def one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _interrupted_line(out: Path) -> str:
+def _interrupted_line(out: Path | None, how: str = "interrupted (Ctrl-C)") -> str:
+    if out is None:
+        return f"{how} before the run started; nothing to resume: start it again."
     ckpt = out / CHECKPOINT_FILE
     command = f"python -m course_lib train --out {shlex.quote(str(out))} --resume"
     try:
         step = read_checkpoint(ckpt)["step"]
     except CheckpointError:
-        return "interrupted (Ctrl-C) before the first checkpoint; nothing to resume: start the run again."
-    return f"interrupted (Ctrl-C); the last checkpoint (step {step}) is in {ckpt}. Continue with: {command}"
+        return f"{how} before the first checkpoint; nothing to resume: start the run again."
+    return f"{how}; the last checkpoint (step {step}) is in {ckpt}. Continue with: {command}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,12 +207,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # --help (0) or a malformed option (2)
         return int(exc.code or 0)
+    received: list[int] = []
+    with stop_signals(received):
+        return _main(args, received)
+
+
+def _main(args: argparse.Namespace, received: list[int]) -> int:
     is_main = os.environ.get("RANK", "0") == "0"  # under torchrun, only rank 0 talks
     out: Path | None = None
     try:
         if args.resume and args.overwrite:
             raise ConfigError("--resume and --overwrite contradict each other: --resume continues the run in --out, "
                               "--overwrite deletes it. Pass one of them.")
+        mode.data_dir()  # a data folder that is a file fails now, not after the folder is claimed
         cfg = config_from_args(args)
         out = Path(cfg.out)
         try:
@@ -179,17 +238,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             if held is not None and held.stale_note:
                 print(f"note: {held.stale_note}", flush=True)
             history = run(cfg, resume=args.resume, overwrite=args.overwrite, download=False)
-    except KeyboardInterrupt:
-        if is_main:
-            print(f"\nerror: {_interrupted_line(out) if out is not None else 'interrupted (Ctrl-C).'}",
-                  file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return _stopped(out, terminated=isinstance(exc, Terminated), is_main=is_main)
     except (NonFiniteError, WriteError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILED
     except _bad_input_types() as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as exc:
+        if received:  # a loader worker hit by the same Ctrl-C or SIGTERM failed first: still a stop, not a crash
+            return _stopped(out, terminated=received[0] == signal.SIGTERM, is_main=is_main)
+        line = loader_failure_line(exc)
+        if line is not None:
+            print(f"error: {line}", file=sys.stderr)
+            return EXIT_FAILED
+        if isinstance(exc, OSError):  # a full disk, a read-only or unreadable folder while preparing the data
+            print(f"error: {atomic.os_error_line(exc)}{mode.data_dir_hint(exc.filename)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        raise
     if not is_main:
         return 0
     last_eval = next((r for r in reversed(history) if "val_loss" in r), None)
@@ -199,3 +266,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"metrics:    {out / METRICS_FILE}")
     print(f"checkpoint: {out / CHECKPOINT_FILE}")
     return 0
+
+
+def _stopped(out: Path | None, *, terminated: bool, is_main: bool) -> int:
+    """Ctrl-C and SIGTERM end alike: one line naming the last checkpoint and the resume command."""
+    if is_main:
+        how = "stopped by SIGTERM" if terminated else "interrupted (Ctrl-C)"
+        print(f"\nerror: {_interrupted_line(out, how)}", file=sys.stderr, flush=True)
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED

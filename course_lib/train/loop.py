@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from course_lib import clock
+from course_lib import atomic, clock
 from course_lib.device import resolve_amp_dtype
 from course_lib.distributed import all_reduce_sum, get_rank, get_world_size, unwrap
 from course_lib.progress import tqdm
@@ -97,7 +97,7 @@ class MetricsLog:
         self.history.append(record)
         if self.path is not None:
             try:
-                with open(self.path, "a", encoding="utf-8") as f:
+                with atomic.open_append(self.path) as f:  # never through a planted link
                     f.write(json.dumps(record, allow_nan=False) + "\n")
             except OSError as exc:
                 raise write_error(self.path, exc) from exc
@@ -244,7 +244,8 @@ def train(
             claim.start_fresh([ckpt, Path(cfg.out) / METRICS_FILE])
         run, start_step = build_run(model, train_loader, val_loader, cfg, device, ckpt, resume)
         try:
-            training_steps(run, start_step)
+            with stops_between_steps():
+                training_steps(run, start_step)
         except BaseException:
             run.log.roll_back()  # metrics.jsonl never gets ahead of the last checkpoint
             raise
@@ -297,6 +298,7 @@ def training_steps(run: Run, start_step: int) -> None:
     run.model.train()
     window = LogWindow()
     for step in range(start_step, cfg.steps):
+        raise_pending_stop()  # a Ctrl-C or SIGTERM under the command line lands here, between two steps
         lr = set_lr(run.optimizer, step, cfg)
         micro_batches = run.stream.next_group(cfg.accum)  # a group of one when there is no accumulation
         loss_sum, count = backward_group(run.train_model, micro_batches, run.device, amp_dtype=run.amp_dtype,
@@ -362,22 +364,86 @@ def log_train_line(run: Run, window: LogWindow, done: int, lr: float, grad_norm:
     run.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what a cluster scheduler or a container sends before killing), raised where Ctrl-C raises
+    KeyboardInterrupt: every Ctrl-C path (deferred around the checkpoint, metrics cut back, resume line) serves it."""
+
+
+def _raise_stop(signum: int) -> None:
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+_stops: list[int] | None = None  # the signals received under stop_signals (None: not installed)
+_between_steps = False  # True inside training_steps: a first stop waits for the step's end
+
+
+@contextlib.contextmanager
+def stop_signals(received: list[int]) -> Iterator[None]:
+    """In the block, SIGINT raises KeyboardInterrupt and SIGTERM :class:`Terminated`; each is appended to ``received``.
+
+    Inside :func:`training_steps` the first one is raised at the end of the current step instead: raised in the middle
+    of fetching a batch, it cut the transfer from a loader worker and the worker printed a traceback after the
+    run's last line. A second one raises at once (a step that hangs can still be stopped). The record also tells
+    the command line that a failure which follows (a worker hit by the same signal) is part of the stop.
+    Main thread only; the previous handlers come back at the end.
+    """
+    global _stops
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if not (_between_steps and len(received) == 1):
+            _raise_stop(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    outer, _stops = _stops, received
+    try:
+        yield
+    finally:
+        _stops = outer
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+@contextlib.contextmanager
+def stops_between_steps() -> Iterator[None]:
+    """In the block, a first stop under :func:`stop_signals` waits for :func:`raise_pending_stop`."""
+    global _between_steps
+    outer, _between_steps = _between_steps, True
+    try:
+        yield
+    finally:
+        _between_steps = outer
+
+
+def raise_pending_stop() -> None:
+    """Raise the stop that :func:`stop_signals` held back until a step boundary, if there is one."""
+    if _stops:
+        _raise_stop(_stops[0])
+
+
 @contextlib.contextmanager
 def ctrl_c_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that arrives inside the block and raise it at the block's end (main thread only)."""
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block and raise it at the block's end (main thread only);
+    SIGTERM too, when a Python handler was installed for it (:func:`stop_signals`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    deferred = [signal.SIGINT] + ([signal.SIGTERM] if callable(signal.getsignal(signal.SIGTERM)) else [])
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in deferred}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
         if received:
-            if callable(previous):
-                previous(signal.SIGINT, None)  # the default handler raises KeyboardInterrupt here
-            elif previous == signal.SIG_DFL:
+            old = previous[received[0]]
+            if callable(old):
+                old(received[0], None)  # the default SIGINT handler raises KeyboardInterrupt here
+            elif old == signal.SIG_DFL:
                 raise KeyboardInterrupt
 
 

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from course_lib import atomic
+
 try:  # POSIX; elsewhere the PID recorded in the lock file is checked instead
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -34,19 +36,6 @@ LOCK_FILE = ".lock"
 
 class RunFolderError(RuntimeError):
     """The run folder cannot be used as asked (holds a run, is locked, is not writable); nothing was changed."""
-
-
-def _describe_os_error(exc: OSError) -> str:
-    reasons = {
-        errno.EACCES: "permission denied",
-        errno.EPERM: "operation not permitted",
-        errno.EROFS: "the file system is read-only",
-        errno.ENOSPC: "no space left on the device",
-        errno.ENOENT: "a parent folder does not exist and cannot be created there",
-        errno.ENOTDIR: "a parent of it is a file, not a folder",
-        errno.EEXIST: "a file of that name exists",
-    }
-    return reasons.get(exc.errno or 0, exc.strerror or type(exc).__name__)
 
 
 def _stale_temporaries(folder: Path) -> list[Path]:
@@ -86,8 +75,8 @@ class RunFolder:
                 pass
             except OSError as exc:
                 raise RunFolderError(
-                    f"--out {folder} cannot be created ({_describe_os_error(exc)}); choose a folder you can write to, "
-                    f"e.g. --out runs/train."
+                    f"--out {folder} cannot be created ({atomic.describe_os_error(exc)}); choose a folder you can "
+                    f"write to, e.g. --out runs/train."
                 ) from None
         self._lock()
 
@@ -120,10 +109,17 @@ class RunFolder:
 
     def _open_and_lock(self, path: Path) -> tuple[int, dict[str, Any]]:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Never through a link: a planted `.lock -> notebook` would have the PID record overwrite the notebook.
+            fd = atomic.open_no_follow(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except atomic.LinkRefused:
+            self._forget_created_folder()
+            raise RunFolderError(
+                f"--out {self.folder}: its lock file {path} is a symbolic link, and a run never writes through a link "
+                f"(that would overwrite the file it points to); delete the link (rm {path}) or choose another --out."
+            ) from None
         except OSError as exc:
             self._forget_created_folder()
-            reason = "no new files can be created there" if exc.errno == errno.ENOENT else _describe_os_error(exc)
+            reason = "no new files can be created there" if exc.errno == errno.ENOENT else atomic.describe_os_error(exc)
             raise RunFolderError(
                 f"--out {self.folder} is not writable ({reason}: cannot create {path.name} there); "
                 f"choose a folder you can write to, e.g. --out runs/train."
@@ -185,7 +181,7 @@ def _read_lock(fd: int) -> dict[str, Any]:
 
 def _read_lock_file(path: Path) -> dict[str, Any]:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = atomic.open_no_follow(path, os.O_RDONLY)
     except OSError:
         return {}
     try:
