@@ -18,6 +18,25 @@ SHARED_DICT = """
             return sum(sizes.values())
         """
 
+
+def _plan(*, order: str = "sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i))",
+          stop: str = "total <= budget", result: str = "sorted(chosen)",
+          refuse: str = 'raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")') -> str:
+    """The solution's plan with one piece replaced (what learners get wrong is usually one line)."""
+    return f"""
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if sum(checkpointed) > budget:
+                {refuse}
+            total, chosen = sum(plain), []
+            for i in {order}:
+                if {stop}:
+                    break
+                total -= plain[i] - checkpointed[i]
+                chosen.append(i)
+            return {result}
+        """
+
+
 # (what the mistake is, the code, a word from the name of the check that must fail)
 WRONG = [
     ("use_reentrant=True: block 0's parameters get no gradient", """
@@ -111,101 +130,17 @@ WRONG = [
             return sum(sizes.values())
         """, "count_saved_bytes"),
     ("counter keeps its dict of storages between calls (a default argument)", SHARED_DICT, "count_saved_bytes"),
-    ("plan: the first blocks of the stack until it fits", """
-        def blocks_to_checkpoint(plain, checkpointed, budget):
-            if sum(checkpointed) > budget:
-                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
-            total, chosen = sum(plain), []
-            for i in range(len(plain)):
-                if total <= budget:
-                    break
-                total -= plain[i] - checkpointed[i]
-                chosen.append(i)
-            return chosen
-        """, "save most"),
-    ("plan: the blocks that keep most plainly first (not those that save most)", """
-        def blocks_to_checkpoint(plain, checkpointed, budget):
-            if sum(checkpointed) > budget:
-                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
-            total, chosen = sum(plain), []
-            for i in sorted(range(len(plain)), key=lambda i: (-plain[i], i)):
-                if total <= budget:
-                    break
-                total -= plain[i] - checkpointed[i]
-                chosen.append(i)
-            return sorted(chosen)
-        """, "save most"),
-    ("plan: stops only below the budget (< instead of <=)", """
-        def blocks_to_checkpoint(plain, checkpointed, budget):
-            if sum(checkpointed) > budget:
-                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
-            total, chosen = sum(plain), []
-            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i)):
-                if total < budget:
-                    break
-                total -= plain[i] - checkpointed[i]
-                chosen.append(i)
-            return sorted(chosen)
-        """, "save most"),
-    ("plan: ties go to the higher index", """
-        def blocks_to_checkpoint(plain, checkpointed, budget):
-            if sum(checkpointed) > budget:
-                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
-            total, chosen = sum(plain), []
-            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), -i)):
-                if total <= budget:
-                    break
-                total -= plain[i] - checkpointed[i]
-                chosen.append(i)
-            return sorted(chosen)
-        """, "save most"),
-    ("plan: indices in the order they were chosen, not sorted", """
-        def blocks_to_checkpoint(plain, checkpointed, budget):
-            if sum(checkpointed) > budget:
-                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
-            total, chosen = sum(plain), []
-            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i)):
-                if total <= budget:
-                    break
-                total -= plain[i] - checkpointed[i]
-                chosen.append(i)
-            return chosen
-        """, "save most"),
-    ("plan: always checkpoints at least one block", """
-        def blocks_to_checkpoint(plain, checkpointed, budget):
-            if sum(checkpointed) > budget:
-                raise ValueError(f"misses by {sum(checkpointed) - budget} bytes")
-            order = sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i))
-            total, chosen = sum(plain) - (plain[order[0]] - checkpointed[order[0]]), [order[0]]
-            for i in order[1:]:
-                if total <= budget:
-                    break
-                total -= plain[i] - checkpointed[i]
-                chosen.append(i)
-            return sorted(chosen)
-        """, "save most"),
-    ("plan: every block when nothing fits, instead of an error", """
-        def blocks_to_checkpoint(plain, checkpointed, budget):
-            total, chosen = sum(plain), []
-            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i)):
-                if total <= budget:
-                    break
-                total -= plain[i] - checkpointed[i]
-                chosen.append(i)
-            return sorted(chosen)
-        """, "ValueError"),
-    ("plan: a ValueError that does not say by how much", """
-        def blocks_to_checkpoint(plain, checkpointed, budget):
-            if sum(checkpointed) > budget:
-                raise ValueError("the budget is too small")
-            total, chosen = sum(plain), []
-            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i)):
-                if total <= budget:
-                    break
-                total -= plain[i] - checkpointed[i]
-                chosen.append(i)
-            return sorted(chosen)
-        """, "ValueError"),
+    ("plan: the first blocks of the stack until it fits", _plan(order="range(len(plain))"), "save most"),
+    ("plan: the blocks that keep most plainly first (not those that save most)",
+     _plan(order="sorted(range(len(plain)), key=lambda i: (-plain[i], i))"), "save most"),
+    ("plan: stops only below the budget (< instead of <=)", _plan(stop="total < budget"), "save most"),
+    ("plan: ties go to the higher index",
+     _plan(order="sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), -i))"), "save most"),
+    ("plan: indices in the order they were chosen, not sorted", _plan(result="chosen"), "save most"),
+    ("plan: always checkpoints at least one block", _plan(stop="total <= budget and chosen"), "save most"),
+    ("plan: every block when nothing fits, instead of an error", _plan(refuse="pass"), "ValueError"),
+    ("plan: a ValueError that does not say by how much",
+     _plan(refuse='raise ValueError("the budget is too small")'), "ValueError"),
 ]
 
 RIGHT = [
