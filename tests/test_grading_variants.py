@@ -1145,3 +1145,40 @@ def test_the_solution_passes_for_every_seed_of_a_range(number: str) -> None:
     finally:
         api.set_run_seed(0)
     assert not failed, f"the solution fails for these seeds: {failed}"
+
+
+def test_exercise_11_recorded_runs_never_fit_the_next_seeds_job() -> None:
+    """Exercise 11 launches two processes per seed, so the validity proof replays one random seed per run; this
+    replays a fixed range. Its job sizes repeat often (4 or 6 optimizer steps), so a check that judged a count
+    without tying the record to this job (the all-reduce count, once) accepted another run's record for about half
+    the seeds."""
+    import io
+
+    import torch
+
+    from course_lib.grading import api
+    from course_lib.grading.api import Replay, checks_for, run_check
+
+    ns = solution_namespace("11")
+    accepted, refused = {}, {}
+    try:
+        for seed in range(8):
+            api.set_run_seed(seed)
+            for check in checks_for("11"):
+                records = api.start_recording()
+                try:
+                    check.func(ns)
+                except Exception:  # judged below, from the records, as the grader does
+                    pass
+                finally:
+                    api.stop_recording()
+                data = io.BytesIO()
+                torch.save(records, data)
+                for replay_seed, wrong in ((seed + 1, accepted), (seed, refused)):
+                    replay = Replay(torch.load(io.BytesIO(data.getvalue()), weights_only=True), seed=replay_seed)
+                    if run_check(check, replay).passed == (wrong is accepted):
+                        wrong.setdefault(seed, []).append(check.name)
+    finally:
+        api.set_run_seed(0)
+    assert not refused, f"the solution fails its own run's checks: {refused}"
+    assert not accepted, f"a record of seed s passes with seed s + 1: {accepted}"

@@ -194,6 +194,13 @@ def matches_one_process(ns: dict[str, Any]) -> None:
 def one_allreduce_per_step(ns: dict[str, Any]) -> None:
     cfg, run = _ranks(ns)
     micro, steps = _steps(cfg)
+    for record in run["ranks"]:  # the count is judged against this job's steps, so it must be this job's run
+        expected = [i for epoch in range(cfg["epochs"]) for i in _expected_shard(cfg, record["rank"], epoch)]
+        if record["reads"] != expected:
+            raise CheckFailed(f"rank {record['rank']} did not read this job's shards (the shard checks say why), so "
+                              "its all-reduces cannot be counted against this job's optimizer steps",
+                              expected=f"{len(expected)} samples, {expected[:6]}...",
+                              got=f"{len(record['reads'])} samples, {record['reads'][:6]}...")
     for record in run["ranks"]:
         if not record["ddp_models"]:
             raise CheckFailed("no DistributedDataParallel model was built on this rank",
