@@ -35,7 +35,7 @@ from course_lib.grading import notebook
 REFERENCES: dict[str, tuple[str, ...]] = {
     "01": ("course_lib.train.cli.build_parser", "course_lib.train.cli.config_from_args"),
     "02": ("course_lib.perf.profile.profile_steps", "course_lib.perf.profile.top_ops",
-           "course_lib.perf.stepsplit.verdict", "course_lib.grading.checks.ex02_bottleneck.reference_tuning"),
+           "course_lib.perf.stepsplit.Split.verdict", "course_lib.grading.checks.ex02_bottleneck.reference_tuning"),
     "03": ("course_lib.perf.compile.RecompileCounter", "course_lib.perf.compile.enable_tf32",
            "course_lib.perf.fusion.break_even_calls"),
     "05": ("course_lib.train.schedule.lr_at",),
@@ -153,20 +153,17 @@ _DISPATCH = "__course_reference_call__"
 
 
 def _resolve(dotted: str) -> Any:
-    module_name, _, attribute = dotted.rpartition(".")
-    while module_name:
+    """The object a ``REFERENCES`` entry names (``module.attribute`` or ``module.Class.method``), or None."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):  # the longest prefix that imports is the module
         try:
-            module = importlib.import_module(module_name)
-            break
-        except ImportError:  # a class attribute: course_lib.x.Class.method
-            module_name, _, outer = module_name.rpartition(".")
-            attribute = f"{outer}.{attribute}"
-    else:
-        return None
-    value: Any = module
-    for part in attribute.split("."):
-        value = getattr(value, part, None)
-    return value
+            value: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            value = inspect.getattr_static(value, name, None)
+        return getattr(value, "fget", value)  # a property: its getter runs
+    return None
 
 
 def _functions(value: Any) -> list[types.FunctionType]:

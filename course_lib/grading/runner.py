@@ -205,7 +205,7 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
             with _LIVE_LOCK:
                 _LIVE.add(proc)
                 if _STOPPING.is_set():  # stop_all ran while this one was being started
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    _kill_group(proc)
             deadline = time.monotonic() + timeout_s
             try:
                 heard = _hand_over_seed(proc, pipe, ready_read, seed_write, seed, deadline)
@@ -213,11 +213,7 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
             except subprocess.TimeoutExpired:
                 returncode = None
             finally:
-                # The whole group (and with bubblewrap, the whole PID namespace goes with it).
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                _kill_group(proc)
                 proc.wait()
                 with _LIVE_LOCK:
                     _LIVE.discard(proc)
@@ -233,10 +229,15 @@ def stop_all() -> None:
     with _LIVE_LOCK:
         running = list(_LIVE)
     for proc in running:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's whole process group (with bubblewrap, its whole PID namespace goes with it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def allow_starts() -> None:
@@ -288,9 +289,11 @@ def _seen_using(out_dir: Path, number: str) -> list[str]:
         names = json.loads(data) if data else []
     except ValueError:
         return []
+    if not isinstance(names, list):
+        return []
     own_helpers = f"course_lib.grading.checks.ex{number}_"
-    return [n for n in names if isinstance(n, str) and (n in REFERENCES.get(number, ()) or n.startswith(own_helpers))
-            ][:50] if isinstance(names, list) else []
+    known = [n for n in names if isinstance(n, str) and (n in REFERENCES.get(number, ()) or n.startswith(own_helpers))]
+    return known[:50]
 
 
 # What one check's observations may decode to: the file's size is capped by the sandbox, but a tensor's shape and

@@ -144,6 +144,32 @@ def _site_packages() -> list[Path]:
     return sorted(p for p in found if not (p / "course_lib").exists())
 
 
+class _Mounts:
+    """bwrap's mount flags, in order. As ``nobody`` (graded as root) the folders bwrap creates above a mount point
+    would be ``0700``, unreachable: each is made ``0755`` first (never inside a read-only mount, where the path
+    exists), and a tmpfs is ``1777``, as ``/tmp`` is on any system."""
+
+    def __init__(self, reachable: bool) -> None:
+        self.flags: list[str] = []
+        self.reachable = reachable
+        self.made: set[Path] = {Path("/")}
+        self.read_only: list[Path] = []
+
+    def add(self, flag: str, *args: str) -> None:
+        target = Path(args[-1])
+        if self.reachable and flag in ("--ro-bind", "--ro-bind-try", "--bind", "--tmpfs"):
+            for folder in reversed(target.parents):
+                if folder not in self.made and not any(r == folder or r in folder.parents for r in self.read_only):
+                    self.flags += ["--perms", "0755", "--dir", str(folder)]
+                    self.made.add(folder)
+            if flag == "--tmpfs":
+                self.flags += ["--perms", "1777"]
+        if flag.startswith("--ro-bind"):
+            self.read_only.append(target)
+        self.made.add(target)
+        self.flags += [flag, *args]
+
+
 def command(argv: list[str], *, scratch: Path, out_dir: Path, package_root: Path,
             readable: Iterable[Path] = ()) -> tuple[list[str], Callable[[str], str]]:
     """The command that runs ``argv`` (a ``python -m ...`` line) isolated, and a function that maps a host
@@ -151,28 +177,31 @@ def command(argv: list[str], *, scratch: Path, out_dir: Path, package_root: Path
     bwrap, _ = find_bwrap()
     if bwrap is None:
         return argv, lambda path: path
-    flags = [bwrap, *_isolation_flags(), "--ro-bind", "/usr", "/usr"]
+    mounts = _Mounts(reachable=_drops_to_nobody())
+    mounts.add("--ro-bind", "/usr", "/usr")
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         link = Path("/") / name
         if link.is_symlink():
-            flags += ["--symlink", os.readlink(link), str(link)]
+            mounts.add("--symlink", os.readlink(link), str(link))
         elif link.is_dir():
-            flags += ["--ro-bind", str(link), str(link)]
-    flags += ["--ro-bind", "/etc", "/etc", "--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
-    flags += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+            mounts.add("--ro-bind", str(link), str(link))
+    mounts.add("--ro-bind", "/etc", "/etc")
+    mounts.add("--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu")
+    mounts.add("--proc", "/proc")
+    mounts.add("--dev", "/dev")
+    mounts.add("--tmpfs", "/tmp")
     # After /tmp: a virtual environment may live there, and borrow another's site-packages through a path entry.
     for root in _python_roots() + _site_packages():
         if not str(root).startswith("/usr/"):
-            flags += ["--ro-bind", str(root), str(root)]
-    flags += ["--ro-bind", str(package_root / "course_lib"), f"{PACKAGE_ROOT}/course_lib"]
+            mounts.add("--ro-bind", str(root), str(root))
+    mounts.add("--ro-bind", str(package_root / "course_lib"), f"{PACKAGE_ROOT}/course_lib")
     for path in readable:  # after /tmp: an instructor's folder may live there
         if Path(path).exists():
-            flags += ["--ro-bind", str(Path(path).resolve()), str(Path(path).resolve())]
-    flags += [
-              "--bind", str(scratch), SCRATCH, "--bind", str(out_dir), OUT, "--chdir", SCRATCH,
-              "--setenv", "HOME", SCRATCH, "--setenv", "PYTHONPATH", PACKAGE_ROOT]
-    if _drops_to_nobody():
-        flags = _reachable_mount_points(flags)
+            mounts.add("--ro-bind", str(Path(path).resolve()), str(Path(path).resolve()))
+    mounts.add("--bind", str(scratch), SCRATCH)
+    mounts.add("--bind", str(out_dir), OUT)
+    flags = [bwrap, *_isolation_flags(), *mounts.flags,
+             "--chdir", SCRATCH, "--setenv", "HOME", SCRATCH, "--setenv", "PYTHONPATH", PACKAGE_ROOT]
     mapping = {str(scratch): SCRATCH, str(out_dir): OUT, str(package_root): PACKAGE_ROOT}
 
     def inside(path: str) -> str:
@@ -186,35 +215,6 @@ def command(argv: list[str], *, scratch: Path, out_dir: Path, package_root: Path
         program = str(Path(sys.prefix).resolve() / "bin" / Path(sys.executable).name)
     unprivileged = _setpriv() if _drops_to_nobody() else []
     return flags + ["--", *unprivileged, program, *[inside(a) for a in argv[1:]]], inside
-
-
-def _reachable_mount_points(flags: list[str]) -> list[str]:
-    """``flags`` with ``--perms 0755 --dir`` before each mount for the folders above it that bwrap would otherwise
-    create as ``0700`` (unreachable for ``nobody``); never inside a read-only mount, where the path exists. A tmpfs
-    is made ``1777``."""
-    out: list[str] = []
-    made: set[Path] = {Path("/")}
-    read_only: list[Path] = []
-    i = 0
-    while i < len(flags):
-        flag = flags[i]
-        arity = {"--ro-bind": 2, "--ro-bind-try": 2, "--bind": 2, "--symlink": 2, "--tmpfs": 1, "--proc": 1,
-                 "--dev": 1, "--setenv": 2, "--chdir": 1, "--perms": 1, "--dir": 1}.get(flag, 0)
-        if flag in ("--ro-bind", "--ro-bind-try", "--bind", "--tmpfs"):
-            target = Path(flags[i + arity])
-            for folder in reversed(target.parents):
-                if folder in made or any(folder == r or r in folder.parents for r in read_only):
-                    continue
-                out += ["--perms", "0755", "--dir", str(folder)]
-                made.add(folder)
-            if flag.startswith("--ro-bind"):
-                read_only.append(target)
-            if flag == "--tmpfs":
-                out += ["--perms", "1777"]  # a /tmp every user may write to, as on any system
-            made.add(target)
-        out += flags[i:i + 1 + arity]
-        i += 1 + arity
-    return out
 
 
 # The grader's own process: it decodes what sandboxed children wrote and judges it. Observations are bounded before

@@ -81,6 +81,12 @@ def receive_seed(channel: str, read: Callable[[int, int], bytes], write: Callabl
         raise ChannelError("the grader's seed never arrived: did the notebook read the grader's channel?") from None
 
 
+def _report_uses(watch: reference_use.Watch, out_dir: Path) -> None:
+    """Write what the watch saw so far (after loading and after every check: a notebook that exits later cannot take
+    back what was seen)."""
+    if watch.used:
+        atomic.write_bytes(reference_calls_file(out_dir), json.dumps(sorted(watch.used)).encode())
+
 
 def _save(records: list[dict[str, Any]], path: Path) -> None:
     atomic.torch_save(records, path)  # the parent sees a whole file or none
@@ -105,8 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 3
     ns = load_namespace(nb)
-    if watch.used:
-        atomic.write_bytes(reference_calls_file(args.out_dir), json.dumps(sorted(watch.used)).encode())
+    _report_uses(watch, args.out_dir)
     try:
         set_seed(receive(args.channel, read, write))
     except (ChannelError, OSError, ValueError) as exc:
@@ -126,8 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _save(records, observations_file(args.out_dir, index))
         except Exception as exc:  # e.g. the output limit: this check has no observations
             print(f"could not save the observations of check {index}: {exc}", file=sys.stderr)
-        if watch.used:  # after every check: a notebook that exits later cannot take back what was seen
-            atomic.write_bytes(reference_calls_file(args.out_dir), json.dumps(sorted(watch.used)).encode())
+        _report_uses(watch, args.out_dir)
     sys.stdout.flush()
     sys.stderr.flush()
     return 0
