@@ -172,8 +172,14 @@ def test_allreduce_measurements_agree_across_ranks_and_fit_the_model(ranks: list
     rows = ranks[0]["comm"]["rows"]
     assert rows == ranks[1]["comm"]["rows"]  # the slowest rank's median, shared
     assert [n for n, _ in rows] == [2**10, 2**16, 2**20] and all(t > 0 for _, t in rows)
-    bandwidth, latency = ranks[0]["comm"]["fit"]
-    assert bandwidth > 0 and latency >= 0
+    # Times measured beside other tests may not grow with the size (a busy moment on the small message): then the
+    # fit refuses with its own message, which lesson 13 shows a learner. The fit itself is tested on exact rows above.
+    fit = ranks[0]["comm"]["fit"]
+    if isinstance(fit, str):
+        assert fit.startswith("the times do not grow with the message size"), fit
+    else:
+        bandwidth, latency = fit
+        assert bandwidth > 0 and latency >= 0
 
 
 DP_RUNS = [f"{kind}/{version}" for kind in ("sgd", "adamw")
