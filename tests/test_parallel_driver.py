@@ -38,6 +38,15 @@ def test_every_job_has_the_buckets_the_checks_rely_on(seed: int) -> None:
     assert (4 * cfg["tp"]["d"]) % driver.WORLD == 0
 
 
+def test_every_seed_makes_tensors_that_exist() -> None:
+    """Every shape of every seed's job is positive: seed 41 once asked for a tensor of -1 elements (the third
+    ZeRO tensor was what was left of too small a total), and the solution failed that run."""
+    for seed in range(0, 2000):
+        cfg = driver.exercise_config(seed)
+        shapes = cfg["zero"]["shapes"] + [[cfg["tp"]["d"]], [cfg["tp"]["batch"], cfg["tp"]["tokens"]]]
+        assert all(n > 0 for shape in shapes for n in shape), (seed, shapes)
+
+
 def test_consecutive_seeds_ask_different_questions() -> None:
     """An observation recorded for one run's seed cannot pass the next run's checks: every judged quantity moves."""
     def questions(seed: int) -> tuple:

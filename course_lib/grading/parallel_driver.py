@@ -65,8 +65,10 @@ def exercise_config(seed: int = 0) -> dict[str, Any]:
     """
     s = int(seed)
     d_in, hidden, classes = 5 + s % 7, 10 + s % 9, 3 + s % 4
-    numel = 15 + 2 * (s % 20)  # odd (the last shard is shorter), and never the same for two consecutive seeds
     rows, cols, vec = 2 + s % 3, 3 + s % 2, 1 + s % 2
+    # Odd (the last shard is shorter), never the same for two consecutive seeds, and above the first two tensors'
+    # largest total (4 * 4 + 2), so the third tensor always has elements.
+    numel = 19 + 2 * (s % 20)
     return {
         "seed": s,
         "dp": {"model_seed": 1000 + s % 9000, "data_seed": 5000 + s % 9000, "d_in": d_in, "hidden": hidden,
