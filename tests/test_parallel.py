@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -77,6 +78,46 @@ def test_fit_refuses_what_it_cannot_fit_and_clamps_a_negative_latency() -> None:
     # times proportional to size minus a constant: the best line has a negative intercept -> latency 0
     bandwidth, latency = fit_bandwidth_latency([(1e6, 0.9e-3), (2e6, 1.9e-3), (4e6, 3.9e-3)], 2)
     assert latency == 0.0 and bandwidth > 0
+
+
+def _lesson_13_cells(*needles: str) -> list[str]:
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "13_parallel.ipynb").read_text())
+    sources = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    return [next(s for s in sources if needle in s) for needle in needles]
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_lesson_13_teaches_on_when_a_busy_sweep_cannot_be_fitted(busy: bool, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Other programs on the cores can make large all-reduces time no slower than small ones: the fit refuses, and
+    the lesson plots what was measured, says why there is no fit, and the cells after it still run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [2**k for k in range(12, 25, 2)]
+    if busy:  # the times fall as the messages grow
+        rows = [(n, 0.01 / (i + 1)) for i, n in enumerate(sizes)]
+        with pytest.raises(ValueError) as refusal:
+            fit_bandwidth_latency(rows, 2)
+        bandwidth, latency, refused = None, None, str(refusal.value)
+    else:
+        rows = [(n, comm.predicted_allreduce_seconds(n, 2, 1e9, 50e-6)) for n in sizes]
+        (bandwidth, latency), refused = fit_bandwidth_latency(rows, 2), ""
+    buckets = {str(cap): {"messages": m, "measured_s": 0.001 * m,
+                          "predicted_s": None if busy else 0.0008 * m} for cap, m in ((0.25, 9), (25.0, 1))}
+    (tmp_path / "cost.json").write_text(json.dumps({"rows": rows, "bandwidth": bandwidth, "latency": latency,
+                                                    "refused": refused, "buckets": buckets}))
+    said: list[str] = []
+    namespace = {"json": json, "run_dir": tmp_path, "plt": plt, "comm": comm,
+                 "lesson": SimpleNamespace(say=said.append)}
+    for source in _lesson_13_cells('cost = json.loads((run_dir / "cost.json")', "bytes sent per rank"):
+        exec(compile(source, "lesson-13-cell", "exec"), namespace)
+    plt.close("all")
+    out = "\n".join(said) + capsys.readouterr().out
+    assert ("No fit this time" in out and refused in out and "no fit (see above)" in out) == busy
+    assert ("Fitted on this machine" in out and "measured / predicted" in out) == (not busy)
 
 
 def test_buckets_fill_to_the_cap_and_a_large_parameter_travels_alone() -> None:
