@@ -115,15 +115,16 @@ def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 
     lesson shows goes to :func:`claim_log_of` (``python -m course_lib claims check`` re-derives them).
     """
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
+
+    from course_lib.nbrun import NotebookRunner
 
     out, key_file = out_dir / lesson.name, out_dir / f"{lesson.stem}.key"
     key = execution_key(lesson, mode.mode())
     if not force and out.is_file() and key_file.is_file() and key_file.read_text() == key:
         return False
     nb = nbformat.read(lesson, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    client = NotebookRunner(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(lesson.parent)}})
     # The kernel gets Jupyter's inline backend, so plots become images in the page; a non-interactive backend set for
     # scripts or tests (MPLBACKEND=Agg) would leave the figures out.

@@ -88,14 +88,17 @@ def test_running_a_lesson_and_an_exercise_in_a_kernel_shows_in_the_progress_view
         fresh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """As a learner's JupyterLab runs them (the kernel told its notebook's path), with a fresh journal."""
     import nbformat
-    from nbclient import NotebookClient
+
+    from course_lib.nbrun import NotebookRunner
 
     before = journal.summary_markdown()
     assert "| 00_welcome | not run yet |" in before and "| 05_lr_schedule | not checked yet |" in before
     for notebook in ("notebooks/00_welcome.ipynb", "solutions/05_lr_schedule.ipynb"):
         monkeypatch.setenv("JPY_SESSION_NAME", notebook)
         nb = nbformat.read(REPO / notebook, as_version=4)
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+        # A cell here takes seconds: one still running after 150 s is a hang, reported with the cell's source
+        # (nbclient's CellTimeoutError) before the test's own 300 s limit.
+        NotebookRunner(nb, timeout=150, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
     assert cli.main(["progress"]) == 0
     out = capsys.readouterr().out
     lesson = next(line for line in out.splitlines() if line.startswith("| 00_welcome |"))

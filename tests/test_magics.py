@@ -8,9 +8,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from course_lib.magics import TorchrunError, _parse_magic_line, run_torchrun, torchrun_command
+from course_lib.nbrun import NotebookRunner
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,7 +102,7 @@ def test_cell_magic_in_a_real_kernel() -> None:
         nbformat.v4.new_code_cell(DEMO_CELL),
         nbformat.v4.new_code_cell(FAILING_CELL),
     ]
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+    client = NotebookRunner(nb, timeout=300, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(REPO)}})
     client.execute()
 
