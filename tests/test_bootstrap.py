@@ -186,13 +186,15 @@ def fresh(tmp_path_factory):
         shutil.rmtree(path, ignore_errors=True)
 
 
+# The client (this checkout's runner, from argv[3]) is not the fresh kernel: the kernel still has no course.
 EXECUTE = textwrap.dedent("""
     import sys, nbformat
-    from nbclient import NotebookClient
     path, kernel = sys.argv[1], sys.argv[2]
+    sys.path.insert(0, sys.argv[3])
+    from course_lib.nbrun import NotebookRunner
     nb = nbformat.read(path, as_version=4)
     try:
-        NotebookClient(nb, kernel_name=kernel, timeout=600, allow_errors=True,
+        NotebookRunner(nb, kernel_name=kernel, timeout=600, allow_errors=True,
                        resources={"metadata": {"path": str(path.rpartition("/")[0])}}).execute()
     finally:
         nbformat.write(nb, path)
@@ -208,8 +210,8 @@ KNOWN_HOSTED_DEFECTS = {
 
 def _execute(path: Path, env: dict[str, str], kernel: str) -> list[dict]:
     """Run every cell of ``path`` in the fresh kernel (nbclient); return its cells with their outputs."""
-    done = subprocess.run([sys.executable, "-c", EXECUTE, str(path), kernel], env=env, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run([sys.executable, "-c", EXECUTE, str(path), kernel, str(REPO)], env=env, capture_output=True,
+                          text=True, timeout=900)
     assert done.returncode == 0, f"{path.name} could not be run:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return _cells(path)
 
