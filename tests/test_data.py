@@ -114,6 +114,7 @@ def test_keys_give_identical_batches_across_worker_counts(shapes):
     assert all(torch.equal(a, b) for a, b in zip(in_main, in_workers))
 
 
+@pytest.mark.slow
 def test_loader_works_under_spawn(text):
     # Workers started with "spawn" re-import everything and unpickle the dataset, collate_fn and worker_init_fn:
     # this only works when they live at module scope in an importable package.

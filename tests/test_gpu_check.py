@@ -235,6 +235,7 @@ def _py(code: str) -> tuple[str, ...]:
     return (sys.executable, "-c", code)
 
 
+@pytest.mark.slow
 def test_parts_are_isolated_a_failure_or_a_hang_costs_only_its_row(tmp_path: Path) -> None:
     child_pid_file = tmp_path / "grandchild.pid"
     hang = ("import subprocess, sys, time\n"
@@ -285,6 +286,7 @@ def _env_without_gpu() -> dict[str, str]:
     return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
 
 
+@pytest.mark.slow
 def test_without_a_gpu_the_command_says_so_in_one_line_and_exits_0(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "course_lib", "gpu-check", "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, cwd=REPO, env=_env_without_gpu(), timeout=120)

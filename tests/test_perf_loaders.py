@@ -121,6 +121,7 @@ class SlowItems(torch.utils.data.Dataset):
         return torch.zeros(2)
 
 
+@pytest.mark.slow
 def test_compare_loaders_shortens_every_epoch_alike_when_the_rounds_would_overrun_the_budget() -> None:
     configs = [dict(label="bs 8", batch_size=8, num_workers=0), dict(label="bs 16", batch_size=16, num_workers=0)]
     # One epoch of 64 items is about 0.13 s per config: a warm-up of both is ~0.26 s, so five rounds need ~1.3 s.
@@ -148,6 +149,7 @@ def _measured_samples(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget_s", [None, 0.05], ids=["roomy", "shortened to fit the budget"])
 def test_every_contender_of_compare_loaders_delivers_the_same_samples(monkeypatch: pytest.MonkeyPatch,
                                                                       budget_s: float | None) -> None:

@@ -53,6 +53,7 @@ def test_export_after_trace_dir_copies_the_handlers_trace(tmp_path) -> None:
     assert json.loads(path.read_text())["traceEvents"]
 
 
+@pytest.mark.slow
 def test_the_profilers_tracer_is_quiet_wherever_the_course_is_imported() -> None:
     """Exercise 02 and its checks call torch.profiler directly (not this wrapper): importing course_lib is enough
     to keep Kineto's start/stop lines and, without a GPU, its failed device probe off a notebook's output."""

@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 # The parent forks a child that takes tqdm's write lock and SIGKILLs itself while holding it (as a run killed in the
@@ -51,12 +53,14 @@ def test_a_child_killed_holding_the_bar_lock_leaves_later_bars_working() -> None
     assert done.stdout.strip() == "bars drawn after the kill 0"
 
 
+@pytest.mark.slow
 def test_the_course_lib_modules_that_draw_bars_install_the_lock() -> None:
     """Importing the training loop alone is enough: no module draws a bar with tqdm's shared lock."""
     done = _run("import course_lib.train.loop")
     assert done is not None and done.returncode == 0, "the training loop's bars use tqdm's cross-process lock"
 
 
+@pytest.mark.slow
 def test_tqdm_alone_shows_the_hang_this_guards_against() -> None:
     """Without the course's lock, the killed child's semaphore stays held: the tests above would catch a regression.
     (Probed with a timed acquire instead of a bar, which would block for ever.)"""

@@ -191,6 +191,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_a_live_lock_is_refused_naming_its_pid_and_a_killed_holders_lock_is_taken_over(tmp_path: Path) -> None:
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(out)], cwd=REPO, stdout=subprocess.PIPE,
@@ -292,6 +293,7 @@ def test_two_concurrent_runs_into_one_folder_and_ctrl_c(tmp_path: Path) -> None:
     assert not (out / LOCK_FILE).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("stop", "workers"), [("SIGTERM", 0), ("SIGTERM", 2), ("SIGINT", 2)])
 def test_sigterm_stops_like_ctrl_c_with_one_line_naming_the_resume_command(tmp_path: Path, stop: str,
                                                                            workers: int) -> None:

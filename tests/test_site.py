@@ -116,8 +116,15 @@ def test_exercise_pages_are_the_blank_exercises(site):
 
 def test_nothing_is_loaded_from_the_network_and_every_internal_link_resolves(site):
     problems = []
+    parsed_pages: dict[Path, _Page] = {}  # each page parsed once: a page's anchors are looked up by many links
+
+    def parse(path: Path) -> _Page:
+        if path not in parsed_pages:
+            parsed_pages[path] = _parse(path)
+        return parsed_pages[path]
+
     for page in sorted(site.rglob("*.html")):
-        parsed = _parse(page)
+        parsed = parse(page)
         problems += [f"{page.relative_to(site)}: loads {a}" for a in parsed.assets if re.match(r"^(https?:)?//", a)]
         for href in parsed.links + parsed.images:
             if re.match(r"^[a-z][a-z0-9+.-]*:|^//", href) or href.startswith("#") and not href[1:]:
@@ -128,7 +135,7 @@ def test_nothing_is_loaded_from_the_network_and_every_internal_link_resolves(sit
                 target = target / "index.html"
             if not target.is_file():
                 problems.append(f"{page.relative_to(site)}: broken link {href}")
-            elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in _parse(target).ids:
+            elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in parse(target).ids:
                 problems.append(f"{page.relative_to(site)}: no anchor #{parts.fragment} in {target.name}")
     assert not problems, "\n".join(problems[:40])
 
