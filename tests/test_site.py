@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from functools import partial
+from functools import cache, partial
 from html.parser import HTMLParser
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -116,13 +116,7 @@ def test_exercise_pages_are_the_blank_exercises(site):
 
 def test_nothing_is_loaded_from_the_network_and_every_internal_link_resolves(site):
     problems = []
-    parsed_pages: dict[Path, _Page] = {}  # each page parsed once: a page's anchors are looked up by many links
-
-    def parse(path: Path) -> _Page:
-        if path not in parsed_pages:
-            parsed_pages[path] = _parse(path)
-        return parsed_pages[path]
-
+    parse = cache(_parse)  # each page parsed once: a page's anchors are looked up by many links
     for page in sorted(site.rglob("*.html")):
         parsed = parse(page)
         problems += [f"{page.relative_to(site)}: loads {a}" for a in parsed.assets if re.match(r"^(https?:)?//", a)]
