@@ -290,3 +290,16 @@ def test_busy_cores_count_as_other_programs_not_as_the_work() -> None:
         # one thread of work: its CPU time cannot exceed its wall time by the two spinners' worth
         assert m.cores_used is not None and m.cores_used < 1.5, m
     assert result.others_cores is not None and result.others_cores > 1.0
+
+
+def test_a_ratio_of_medians_outside_the_rounds_middle_half_is_explained_not_left_as_a_contradiction() -> None:
+    """On a busy machine the medians can come from different rounds: the ratio of the medians (the headline) then
+    lies outside the middle half of the per-round ratios, and the sentence says why instead of reading as a slip."""
+    a = m("A", 1.0, 1.0, 1.0, 1.0, 4.0, 4.0, 4.0)
+    b = m("B", 3.0, 3.0, 3.0, 3.2, 5.0, 5.0, 5.0)  # per round: 3, 3, 3, 3.2, 1.25, 1.25, 1.25
+    v = verdict_from_times(b, a)
+    assert v.outcome == "slower" and v.factor == pytest.approx(3.2) and v.factor_interval[1] < 3.2
+    assert "The medians' 3.2x lies outside that range" in v.sentence()
+    inside = verdict_from_times(*SYNTHETIC["faster"])
+    assert inside.factor_interval[0] <= inside.factor <= inside.factor_interval[1]
+    assert "lies outside" not in inside.sentence()

@@ -312,7 +312,9 @@ class Verdict:
 
     ``a_times``/``b_times``: the quantity per unit of work in each round (what the verdict was decided on).
     ``ratio``: a's speed over b's, ``median(b_times) / median(a_times)`` (above 1: ``a`` is faster); ``low`` and
-    ``high`` bound it. ``outcome``: ``"faster"``/``"slower"`` (``a`` than ``b``) or ``"too_close"``.
+    ``high``: the middle half of the per-round ratios, which usually hold ``ratio`` but need not on a busy machine
+    (the medians can come from different rounds; :meth:`sentence` then says so).
+    ``outcome``: ``"faster"``/``"slower"`` (``a`` than ``b``) or ``"too_close"``.
     ``quantity``: ``"wall"``, ``"cpu"`` or the name of a count; ``reason``: why that quantity, in one clause
     (empty on a quiet machine). ``cores``: one sentence on the cores each contender had (parallel comparisons).
 
@@ -416,6 +418,7 @@ class Verdict:
         write it to the claim log (:mod:`course_lib.perf.claims`).
         """
         f = self.fields()
+        outside = ""
         # Said in the direction of the number beside it: the factor's for a verdict, the ratio's for a tie.
         lo, hi = (format_ratio(v) for v in (self.factor_interval if self.decided else (self.low, self.high)))
         per = "per " + ("unit of work" if self.unit == "unit" else self.unit)
@@ -425,6 +428,10 @@ class Verdict:
                 numbers += f" with {self.threads} intra-op thread{'s' if self.threads != 1 else ''}"
             spread = "the rounds' middle half" if self.rounds >= 4 else "the rounds ranged"
             numbers += f"; {spread} {lo}x to {hi}x"
+            said = f["factor"] if self.decided else f["ratio"]
+            if not float(lo) <= float(said) <= float(hi):  # possible on a busy machine: say why, not a seeming slip
+                outside = (f"The medians' {said}x lies outside that range: the two medians can come from different "
+                           "rounds, while each round's ratio compares two runs made back to back.")
         else:
             numbers = f"{f['a_time']} vs {f['b_time']} {per}; counted, so the same on a busy machine"
         if self.outcome == "too_close" and self.quantity not in TIMED_QUANTITIES:
@@ -439,7 +446,7 @@ class Verdict:
             text = f"{self.headline()} ({numbers}): {why}."
         else:
             text = f"On this machine {self.headline()} ({numbers})."
-        return " ".join(part for part in (text, self.reason, self.cores) if part)
+        return " ".join(part for part in (text, outside, self.reason, self.cores) if part)
 
     def pick(self, *, faster: Any, slower: Any, too_close: Any) -> Any:
         """The value for this verdict's outcome; every outcome needs one (so every branch is written)."""
