@@ -299,6 +299,15 @@ def save_and_reopen(page, server, path: str) -> None:
         const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel;
         return !kernel || kernel.status === 'idle';
     }""", timeout=60_000)
+    # The widget manager saves the models it holds live; a model the kernel has opened but the page has not yet
+    # built (or one already closed) would be left out of the state while its output stays: wait until every widget
+    # output's model is live, and say which are not if that never happens.
+    page.evaluate(FIND_WIDGET_MANAGER)
+    try:
+        page.wait_for_function(f"() => ({UNSAVED_WIDGET_OUTPUTS})().length === 0", timeout=60_000)
+    except Exception as err:
+        raise AssertionError(f"widget outputs whose model is not live before saving {path}: "
+                             f"{page.evaluate(UNSAVED_WIDGET_OUTPUTS)}") from err
     page.evaluate("async () => { await window.jupyterapp.commands.execute('docmanager:save'); }")
     page.wait_for_function(
         "() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
@@ -307,6 +316,50 @@ def save_and_reopen(page, server, path: str) -> None:
         if (panel && panel.sessionContext) { await panel.sessionContext.shutdown(); }
     }""")
     wait_for_saved_outputs(page, server, path)
+
+
+# The notebook's widget manager, found through a widget output's renderer (JupyterLab exposes it nowhere else).
+FIND_WIDGET_MANAGER = """async () => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    window.courseWidgetManager = null;
+    for (const cell of panel.content.widgets) {
+        for (const child of (cell.outputArea ? cell.outputArea.widgets : [])) {
+            for (const part of (child.widgets || [])) {
+                if (part._manager) { window.courseWidgetManager = await part._manager.promise; return; }
+            }
+        }
+    }
+}"""
+# Every widget output whose model the manager does not hold live, as "cell N: model_id (why)".
+UNSAVED_WIDGET_OUTPUTS = """() => {
+    const manager = window.courseWidgetManager;
+    const panel = window.jupyterapp.shell.currentWidget;
+    const missing = [];
+    panel.content.widgets.forEach((cell, index) => {
+        if (cell.model.type !== 'code') return;
+        for (const out of cell.model.outputs.toJSON()) {
+            const view = out.data && out.data['application/vnd.jupyter.widget-view+json'];
+            if (!view) continue;
+            const model = manager && manager._modelsSync.get(view.model_id);  // a closed model leaves this map
+            if (!model || !model.comm_live) {
+                const why = !manager ? 'no widget manager' : !model ? 'not built yet, or closed' : 'comm not live';
+                missing.push(`cell ${index}: ${view.model_id} (${why})`);
+            }
+        }
+    });
+    return missing;
+}"""
+
+
+def saved_widget_outputs_without_state(saved: Path) -> list[str]:
+    """The widget outputs of a saved notebook whose model is missing from its saved widget state."""
+    nb = json.loads(saved.read_text(encoding="utf-8"))
+    state = nb.get("metadata", {}).get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    models = state.get("state", {}) if isinstance(state, dict) else {}
+    return [f"cell {index}: {view['model_id']}" for index, cell in enumerate(nb["cells"])
+            for out in cell.get("outputs", [])
+            if (view := out.get("data", {}).get("application/vnd.jupyter.widget-view+json"))
+            and view["model_id"] not in models]
 
 
 def wait_for_saved_outputs(page, server, path: str) -> None:
@@ -512,7 +565,7 @@ def test_opening_and_saving_an_untouched_lesson_changes_nothing(page, lab_server
 
 @pytest.mark.parametrize("notebook", _lesson_notebooks() or [None],
                          ids=[p.name for p in _lesson_notebooks()] or ["no-lesson-notebooks"])
-def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, notebook):
+def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, served_root, notebook):
     if notebook is None:
         pytest.skip(f"no notebooks/{' or '.join(LESSON_PATTERNS)} yet")
     rel = f"notebooks/{notebook.name}"
@@ -533,7 +586,9 @@ def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, notebook):
             "the progress view in lesson 00 should show this very run"
     if notebook.name.startswith(("00_", "02_")):  # reopen: an answered question (00), open ones and widgets (02)
         save_and_reopen(page, lab_server, rel)
-        assert widget_errors(page) == [], f"{rel} shows a widget error when reopened after saving"
+        assert widget_errors(page) == [], (
+            f"{rel} shows a widget error when reopened after saving; outputs saved without their model's state: "
+            f"{saved_widget_outputs_without_state(served_root / rel)}")
         assert (("Your answer:" in page_text(page) and "This machine measured" in outputs_text(page))
                 if notebook.name.startswith("00_")
                 else page.locator(".widget-toggle-buttons").count() >= 1), "the questions did not come back"
