@@ -27,6 +27,7 @@ import pytest
 
 from browser_helpers import CHROMIUM, CHROMIUM_ARGS, chromium_missing_reason, running_lab
 from conftest import REPO
+from course_lib.website import WIDGET_STATE, WIDGET_VIEW
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -354,12 +355,10 @@ UNSAVED_WIDGET_OUTPUTS = """() => {
 def saved_widget_outputs_without_state(saved: Path) -> list[str]:
     """The widget outputs of a saved notebook whose model is missing from its saved widget state."""
     nb = json.loads(saved.read_text(encoding="utf-8"))
-    state = nb.get("metadata", {}).get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
-    models = state.get("state", {}) if isinstance(state, dict) else {}
+    models = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     return [f"cell {index}: {view['model_id']}" for index, cell in enumerate(nb["cells"])
             for out in cell.get("outputs", [])
-            if (view := out.get("data", {}).get("application/vnd.jupyter.widget-view+json"))
-            and view["model_id"] not in models]
+            if (view := out.get("data", {}).get(WIDGET_VIEW)) and view["model_id"] not in models]
 
 
 def wait_for_saved_outputs(page, server, path: str) -> None:
