@@ -5,12 +5,18 @@ a test that needs more (bf16 or TF32 tensor cores, NCCL, a C++ compiler for Indu
 ``make gpu-check`` runs them (``pytest -m gpu tests``). Where the course has its own code for a path (the
 accumulation step, the training loop, ``Timer``/``measure_latency``, ``PeakMemory``, ``compile_or_eager``,
 ``distributed.setup``), the test goes through it, so what runs here is what the lessons run.
+
+No CPU run can execute these tests as they stand, so tests/test_gpu_tests_in_step.py keeps them in step with the code
+on every machine: it runs this file with ``COURSE_GPU_STAND_IN=1``, where the ``cuda`` fixture yields the CPU and each
+test runs up to its first :func:`cuda_only` step (a key, function or argument that no longer exists fails there), and
+it checks statically that every name these tests import or call exists and takes the keywords they pass.
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import os
 import pickle
 import socket
 import time
@@ -23,10 +29,21 @@ from torch import nn
 
 pytestmark = pytest.mark.gpu
 MiB = 2**20
+STAND_IN = os.environ.get("COURSE_GPU_STAND_IN") == "1"  # the CPU run of tests/test_gpu_tests_in_step.py
+STAND_IN_SKIP = "CPU stand-in run: the rest needs CUDA itself"
+
+
+def cuda_only(device: torch.device, what: str) -> None:
+    """Mark where a test starts to need CUDA itself (``what``): the CPU stand-in run stops there, skipped."""
+    if device.type != "cuda":
+        pytest.skip(f"{STAND_IN_SKIP} ({what})")
 
 
 @pytest.fixture
 def cuda() -> torch.device:
+    if STAND_IN:
+        yield torch.device("cpu")
+        return
     device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.synchronize(device)
     yield device
@@ -36,6 +53,8 @@ def cuda() -> torch.device:
 @pytest.fixture(scope="module")
 def cycles_per_ms() -> float:
     """GPU clock cycles per millisecond, measured, so ``torch.cuda._sleep`` kernels last a known time."""
+    if STAND_IN:
+        pytest.skip(f"{STAND_IN_SKIP} (torch.cuda._sleep kernels)")
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -63,11 +82,7 @@ def _params(model: nn.Module) -> list[torch.Tensor]:
 
 # ------------------------------------------------------------------------------------------- precision
 def test_fp16_overflow_makes_the_scaler_skip_the_step_and_lower_the_scale(cuda: torch.device) -> None:
-    check_fp16_overflow_skips_the_step(cuda)
-
-
-def check_fp16_overflow_skips_the_step(cuda: torch.device) -> None:
-    """Also run on the CPU (tests/test_gpu_check.py), where torch has fp16 autocast and a GradScaler too."""
+    # Runs whole on the CPU stand-in too: torch has fp16 autocast and a GradScaler there.
     from course_lib.train.accumulate import backward_group
 
     model = _net(cuda)
@@ -95,17 +110,12 @@ def check_fp16_overflow_skips_the_step(cuda: torch.device) -> None:
 
 
 def test_bf16_autocast_produces_bf16_activations_and_fp32_loss(cuda: torch.device) -> None:
-    if not torch.cuda.is_bf16_supported():
-        pytest.skip(f"{torch.cuda.get_device_name(cuda)} does not support bf16")
-    check_bf16_activations(cuda)
-
-
-def check_bf16_activations(cuda: torch.device) -> None:
-    """Also run on the CPU (tests/test_gpu_check.py)."""
-    from course_lib.device import autocast, resolve_amp_dtype
+    from course_lib.device import autocast, resolve_amp_dtype, supports_bf16
     from course_lib.models import GPTConfig, TinyGPT
     from course_lib.train.accumulate import loss_and_count
 
+    if not supports_bf16(cuda):
+        pytest.skip(f"{torch.cuda.get_device_name(cuda)} does not support bf16")
     model = TinyGPT(GPTConfig()).to(cuda)
     seen: dict[str, torch.dtype] = {}
     hooks = [m.register_forward_hook(lambda mod, inp, out, name=name: seen.__setitem__(name, out.dtype))
@@ -123,6 +133,7 @@ def check_bf16_activations(cuda: torch.device) -> None:
 
 
 def test_tf32_changes_matmul_precision(cuda: torch.device) -> None:
+    cuda_only(cuda, "TF32 is an NVIDIA tensor-core format")
     major, minor = torch.cuda.get_device_capability(cuda)
     if major < 8:
         pytest.skip(f"TF32 needs compute capability >= 8.0 (Ampere); this GPU is {major}.{minor}")
@@ -153,16 +164,21 @@ def test_tf32_changes_matmul_precision(cuda: torch.device) -> None:
 
 
 def test_compare_precisions_runs_fp16_with_a_scaler_on_the_gpu(cuda: torch.device) -> None:
+    from course_lib.device import supports_bf16
     from course_lib.perf.precision import compare_precisions
 
-    precisions = ("fp32", "bf16", "fp16") if torch.cuda.is_bf16_supported() else ("fp32", "fp16")
+    precisions = ("fp32", "bf16", "fp16") if supports_bf16(cuda) else ("fp32", "fp16")
     data = [_batch(torch.device("cpu"), 128) for _ in range(2)]
     rows = compare_precisions(lambda: _net(torch.device("cpu")), lambda: data, device=cuda, steps=4,
                               precisions=precisions)
     assert [r["precision"] for r in rows] == list(precisions)
     for row in rows:
+        assert row["device"] == str(cuda), row
         assert math.isfinite(row["final_loss"]) and math.isfinite(row["eval_loss"]), row
-        assert "max_memory_allocated" in row["peak_what"] and row["peak_mb"] > 0, row
+        assert row["skipped_steps"] < row["steps"], f"the scaler skipped every {row['precision']} step: {row}"
+        assert row["activation_mb"] > 0, row
+    for row in rows[1:]:  # autocast saves the matmuls' outputs in 16 bits: less than fp32 saves
+        assert row["activation_vs_fp32"] < 1, row
 
 
 # ------------------------------------------------------------------------------------------- transfers
@@ -186,6 +202,20 @@ def test_non_blocking_copy_from_pinned_memory_does_not_block_the_host(cuda: torc
     assert stream.query(), "a blocking copy returns only when the stream (the sleep included) is done"
 
 
+def test_prefetcher_copies_the_next_batch_on_a_side_stream(cuda: torch.device) -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from course_lib.train.prefetch import Prefetcher
+
+    data = TensorDataset(torch.randn(12, 3), torch.arange(12))
+    loader = DataLoader(data, batch_size=5, pin_memory=cuda.type == "cuda")
+    prefetcher = Prefetcher(loader, cuda)
+    got = [(x.cpu(), y.cpu()) for x, y in prefetcher]
+    assert all(torch.equal(a, b) for g, w in zip(got, loader) for a, b in zip(g, w))
+    cuda_only(cuda, "a CUDA side stream")
+    assert prefetcher.uses_side_stream
+
+
 def test_pinned_loader_and_train_loop_in_fp16_on_the_gpu(cuda: torch.device, tmp_path: Path) -> None:
     from torch.utils.data import TensorDataset
 
@@ -194,15 +224,18 @@ def test_pinned_loader_and_train_loop_in_fp16_on_the_gpu(cuda: torch.device, tmp
 
     x, y = _batch(torch.device("cpu"), 256)
     loader = make_loader(TensorDataset(x, y), batch_size=32, train=True, pin_memory=True)
-    assert next(iter(loader))[0].is_pinned(), "pin_memory=True should pin batches when CUDA is available"
     val = make_loader(TensorDataset(x[:64], y[:64]), batch_size=32, train=False)
-    cfg = TrainConfig(steps=6, bs=32, lr=1e-3, amp_dtype="fp16", device="cuda", model="net", log_every=2,
+    fp16 = "fp16" if cuda.type == "cuda" else "bf16"  # the template trains in fp16 on CUDA only
+    cfg = TrainConfig(steps=6, bs=32, lr=1e-3, amp_dtype=fp16, device=cuda.type, model="net", log_every=2,
                       eval_every=6, out=str(tmp_path))
     history = train(_net(torch.device("cpu")), loader, val, cfg, device=cuda, ckpt_path=tmp_path / "ckpt.pt")
     losses = [r["loss"] for r in history if "loss" in r]
     assert losses and all(math.isfinite(v) for v in losses), history
     payload = torch.load(tmp_path / "ckpt.pt", map_location="cpu", weights_only=False)
+    assert "scaler" in payload, sorted(payload)
+    cuda_only(cuda, "fp16 training and pinned memory")
     assert payload["scaler"] and payload["scaler"]["scale"] > 0, "the fp16 run must checkpoint its GradScaler"
+    assert next(iter(loader))[0].is_pinned(), "pin_memory=True should pin batches when CUDA is available"
 
 
 # ------------------------------------------------------------------------------------------- timing, memory
@@ -254,13 +287,15 @@ def test_max_memory_allocated_grows_with_an_allocation_and_reset_forgets_it(cuda
     with PeakMemory(cuda) as pm:
         block = torch.empty(size, dtype=torch.uint8, device=cuda)
         del block
-    assert pm.delta_mb >= 64, pm.summary()
+    cuda_only(cuda, "the CUDA allocator's counters")
+    assert "max_memory_allocated" in pm.what and pm.delta_mb >= 64, pm.summary()
     assert torch.cuda.max_memory_allocated(cuda) >= torch.cuda.memory_allocated(cuda) + size
     torch.cuda.reset_peak_memory_stats(cuda)
     assert torch.cuda.max_memory_allocated(cuda) == torch.cuda.memory_allocated(cuda)
 
 
 def test_memory_snapshot_records_the_allocation_and_where_it_came_from(cuda: torch.device, tmp_path: Path) -> None:
+    cuda_only(cuda, "the CUDA allocator's history")
     size = 3 * MiB + 512  # an unusual size, easy to find
     # Python frames only: symbolising C++ frames ("all") can take minutes on some builds.
     torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
@@ -285,6 +320,7 @@ def test_memory_snapshot_records_the_allocation_and_where_it_came_from(cuda: tor
 def _compiled(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
     from course_lib.perf.compile import compile_blocker, compile_or_eager
 
+    cuda_only(device, "compiling for the GPU")
     reason = compile_blocker(device)
     if reason:
         pytest.skip(f"torch.compile cannot work here: {reason}")
@@ -358,6 +394,7 @@ def test_ddp_step_over_nccl_matches_the_single_process_step(cuda: torch.device,
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    cuda_only(cuda, "NCCL")
     if not (dist.is_available() and dist.is_nccl_available()):
         pytest.skip("this PyTorch build has no NCCL backend")
     if dist.is_initialized():

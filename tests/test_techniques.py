@@ -155,13 +155,3 @@ def test_prefetcher_cpu_fallback_yields_the_loaders_batches():
 def test_prefetcher_refuses_cuda_without_cuda():
     with pytest.raises(ValueError, match="CUDA is not available"):
         Prefetcher([], "cuda")
-
-
-@pytest.mark.gpu  # skipped without CUDA (tests/conftest.py); `make gpu-check` runs it
-def test_prefetcher_side_stream_on_cuda():
-    data = torch.utils.data.TensorDataset(torch.randn(12, 3), torch.arange(12))
-    loader = torch.utils.data.DataLoader(data, batch_size=5, pin_memory=True)
-    prefetcher = Prefetcher(loader, "cuda")
-    assert prefetcher.uses_side_stream
-    got = [(x.cpu(), y.cpu()) for x, y in prefetcher]
-    assert all(torch.equal(a, b) for g, w in zip(got, loader) for a, b in zip(g, w))
