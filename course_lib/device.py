@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import torch
 
+from course_lib import device_audit
+
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
@@ -27,6 +29,8 @@ def pick_device(preference: str = "auto") -> torch.device:
     Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
     """
     if preference == "auto":
+        if device_audit.requested():  # the test suite's stand-in for a separate device (course_lib/device_audit.py)
+            return device_audit.enable()
         if torch.cuda.is_available():
             return torch.device("cuda")
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():

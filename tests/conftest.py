@@ -12,6 +12,10 @@ os.environ.setdefault("COURSE_MODE", "smoke")
 os.environ.setdefault("COURSE_DATA_DIR", str(REPO / ".cache" / "data"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 # A learner's progress journal is never touched by tests (unattended runs record nothing; this is the second guard).
+# Every notebook kernel the tests start (lessons, solutions through nbval) runs with the device audit
+# (course_lib/device_audit.py): a model or a batch that a notebook forgot to move fails here as it fails on a GPU.
+# Tests that run in this process do not (the fixture `_no_device_audit_in_process` below).
+os.environ.setdefault("COURSE_DEVICE_AUDIT", "1")
 os.environ.setdefault("COURSE_PROGRESS_FILE", os.path.join(os.environ.get("TMPDIR", "/tmp"),
                                                            f"course-progress-tests-{os.getpid()}.json"))
 
@@ -71,3 +75,10 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True)
+def _no_device_audit_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Library tests call ``pick_device()`` as any user does, and what they start inherits their environment: the
+    audit is for notebook kernels (above), and ``tests/test_device_audit.py`` turns it on where it tests it."""
+    monkeypatch.delenv("COURSE_DEVICE_AUDIT", raising=False)

@@ -9,6 +9,7 @@ to first, so on two test processes the lessons split between them.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,16 @@ def execute_once(lesson: Path, run_id: str) -> None:
         if marker.is_file() and marker.read_text() == run_id:
             return
         marker.unlink(missing_ok=True)
-        website.execute(lesson, FOLDERS.executed, force=True)
+        # The lesson's kernel runs with the device audit (tests/conftest.py), whichever test asked for it.
+        previous = os.environ.get("COURSE_DEVICE_AUDIT")
+        os.environ["COURSE_DEVICE_AUDIT"] = "1"
+        try:
+            website.execute(lesson, FOLDERS.executed, force=True)
+        finally:
+            if previous is None:
+                del os.environ["COURSE_DEVICE_AUDIT"]
+            else:
+                os.environ["COURSE_DEVICE_AUDIT"] = previous
         marker.write_text(run_id)
 
 

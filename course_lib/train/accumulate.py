@@ -57,7 +57,8 @@ def count_targets(batch: Batch) -> torch.Tensor | int:
     """Number of real targets (not ``-100``) in ``batch``: a 0-d tensor on the targets' device (no sync), or a plain
     ``int`` for targets in CPU memory (counted by numpy: no tensor operations on the training loop's hot path)."""
     targets = batch[1]
-    if targets.device.type == "cpu" and not targets.requires_grad:
+    # Host memory is the plain "cpu" device (a device index means a separate device, as the device audit makes).
+    if targets.device == torch.device("cpu") and not targets.requires_grad:
         return int((targets.numpy() != IGNORE_INDEX).sum())
     return real_targets(targets).sum()
 
