@@ -19,8 +19,8 @@ in a fresh process group, and print each line as it arrives, tagged with the ran
 
 The cell runs as a plain script: it does not see the notebook's variables (import what it needs); the
 environment (``COURSE_MODE``, ``COURSE_DATA_DIR``, ...) is inherited. If any rank fails, the magic raises
-``TorchrunError`` with the exit code and the last lines; on timeout or when you interrupt the kernel the whole
-job (launcher and all ranks) is killed.
+``TorchrunError`` with each rank's exit code and its own last lines; on timeout or when you interrupt the kernel
+the whole job (launcher and all ranks) is killed.
 
 ``run_torchrun(code_or_path, nproc=2, timeout=...)`` is the same thing as a plain function.
 """
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import shlex
 import signal
 import subprocess
@@ -44,9 +45,13 @@ from typing import IO
 from course_lib import atomic
 
 DEFAULT_TIMEOUT_S = 600.0
-TAIL_LINES = 30
+TAIL_LINES = 15  # per rank, in a failed job's message
 # torchrun fills ${rank} for each worker; lines printed by torchrun itself carry no tag.
 RANK_PREFIX_TEMPLATE = "[rank${rank}]: "
+# Two ways to hand torchrun the template: newer launchers take an option; older ones (torch 2.11, for one) only read
+# the environment variable, and pass an option they do not know on to every rank's Python, which exits 2.
+PREFIX_OPTION = "--log-line-prefix-template"
+PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 
 class TorchrunError(RuntimeError):
@@ -56,6 +61,18 @@ class TorchrunError(RuntimeError):
         super().__init__(message)
         self.returncode = returncode
         self.output = output
+
+
+def launcher_accepts(option: str) -> bool:
+    """Whether the installed torch's launcher knows ``option``, asked of its own argument parser.
+
+    The parser is handed ``option=probe script.py``; an option it knows comes back as a parsed value, one it does
+    not comes back unparsed (torchrun would pass it on to the script). No version numbers are compared.
+    """
+    from torch.distributed.run import get_args_parser
+
+    parsed, _ = get_args_parser().parse_known_args([f"{option}=probe", "script.py"])
+    return getattr(parsed, option.lstrip("-").replace("-", "_"), None) == "probe"
 
 
 def torchrun_command(
@@ -71,8 +88,10 @@ def torchrun_command(
 
     ``script`` is a file, or ``"-m package.module"`` to run a module.
 
-    ``--tee 3`` copies both stdout and stderr of each worker to the console with the prefix
-    ``[rankR]: `` (``--log-line-prefix-template``); the log files go to ``log_dir``.
+    ``--tee 3`` copies both stdout and stderr of each worker to the console with the prefix ``[rankR]: ``; the
+    log files go to ``log_dir``. The prefix is passed as ``--log-line-prefix-template`` where the installed
+    launcher has that option; older launchers take it from ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``, which
+    :func:`run_torchrun` sets for every job.
     ``rdzv_endpoint`` (``HOST:PORT``) replaces ``--standalone`` with the multi-node style c10d rendezvous.
 
     Taught in lesson 09 (``notebooks/09_distributed.ipynb``).
@@ -82,12 +101,9 @@ def torchrun_command(
         cmd.append("--standalone")
     else:
         cmd += ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=course"]
-    cmd += [
-        f"--nproc_per_node={nproc}",
-        "--tee=3",
-        f"--log-dir={log_dir}",
-        f"--log-line-prefix-template={RANK_PREFIX_TEMPLATE}",
-    ]
+    cmd += [f"--nproc_per_node={nproc}", "--tee=3", f"--log-dir={log_dir}"]
+    if launcher_accepts(PREFIX_OPTION):
+        cmd.append(f"{PREFIX_OPTION}={RANK_PREFIX_TEMPLATE}")
     # Every rank starts through course_lib.torchrun_entry, which makes its output line-buffered so that tagged
     # lines from different ranks never mix mid-line.
     cmd += ["-m", "course_lib.torchrun_entry"]
@@ -147,10 +163,12 @@ def _target(code_or_path: str | os.PathLike[str], tmp: Path) -> str | Path:
 
 
 def _child_env(env: dict[str, str] | None) -> dict[str, str]:
-    """This process's environment for the job: one thread per rank unless set, unbuffered output, plus ``env``."""
+    """This process's environment for the job: one thread per rank unless set, unbuffered output, the rank prefix
+    for launchers that read it from the environment (where the option is also passed, it wins), plus ``env``."""
     child_env = dict(os.environ)
     child_env.setdefault("OMP_NUM_THREADS", "1")
     child_env["PYTHONUNBUFFERED"] = "1"
+    child_env[PREFIX_ENV] = RANK_PREFIX_TEMPLATE
     child_env.update(env or {})
     return child_env
 
@@ -161,7 +179,8 @@ def _launch(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
                             text=True, bufsize=1, env=env, start_new_session=True)
 
 
-def _stream(proc: subprocess.Popen[str], timeout: float | None, on_line: Callable[[str], None] | None) -> list[str]:
+def _stream(proc: subprocess.Popen[str], nproc: int, timeout: float | None,
+            on_line: Callable[[str], None] | None) -> list[str]:
     """Collect the job's output lines as they arrive (handing each to ``on_line``) until it closes its output.
 
     Past ``timeout`` the whole job is killed and :class:`TorchrunError` raised; any exception (the timeout, or
@@ -182,7 +201,7 @@ def _stream(proc: subprocess.Popen[str], timeout: float | None, on_line: Callabl
                     _kill_group(proc)
                     output = "".join(collected)
                     raise TorchrunError(
-                        f"torchrun job killed after its timeout of {timeout} s; last lines:\n{_tail(output)}",
+                        f"torchrun job killed after its timeout of {timeout} s.\n{failure_report(output, nproc)}",
                         returncode=proc.returncode if proc.returncode is not None else -1,
                         output=output,
                     ) from None
@@ -232,7 +251,7 @@ def run_torchrun(
                                rdzv_endpoint=rdzv_endpoint)
         proc = _launch(cmd, _child_env(env))
         try:
-            collected = _stream(proc, timeout, on_line)
+            collected = _stream(proc, nproc, timeout, on_line)
             returncode = proc.wait()
         except BaseException:  # e.g. interrupted while waiting for the exit code
             _kill_group(proc)
@@ -243,11 +262,77 @@ def run_torchrun(
     return returncode, "".join(collected)
 
 
-def _tail(output: str, n: int = TAIL_LINES) -> str:
-    """The last ``n`` lines the ranks printed (the launcher's own traceback only repeats the exit code)."""
+# A rank's tag, whatever the launcher made of it: "[rank1]: " (the course's template), "[default1]:" (torchrun's own).
+_RANK_TAG = re.compile(r"\[[A-Za-z_][\w-]*?(\d+)\]:")
+# torchrun's logger: "E1204 18:36:22.022000 498 torch/distributed/elastic/multiprocessing/api.py:986] failed ..."
+_LAUNCHER_LOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
+# One entry of torchrun's failure report ("Failures:" / "Root Cause"): "  rank      : 1 (local_rank: 1)" and,
+# on the next line, "  exitcode  : 2 (pid: 564)".
+_REPORTED_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)\b.*\n\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+
+
+def _lines_by_rank(output: str) -> tuple[dict[int, list[str]], list[str]]:
+    """Split a job's output into each rank's lines (by their tag) and the untagged lines not from the launcher.
+
+    The launcher's own lines are left out: its log lines, and its closing traceback and failure report (from its
+    last ``Traceback`` before ``ChildFailedError`` to the end), which only repeat the exit codes.
+    """
     lines = output.splitlines(keepends=True)
-    rank_lines = [line for line in lines if line.startswith("[rank")]
-    return "".join(deque(rank_lines or lines, maxlen=n))
+    tagged = [_RANK_TAG.match(line) for line in lines]
+    untagged = [i for i, tag in enumerate(tagged) if tag is None]
+    report_start = len(lines)
+    closing = [i for i in untagged if "ChildFailedError" in lines[i]]
+    if closing:
+        tracebacks = [i for i in untagged if i < closing[-1] and lines[i].startswith("Traceback (most recent call")]
+        report_start = tracebacks[-1] if tracebacks else closing[-1]
+    by_rank: dict[int, list[str]] = {}
+    other: list[str] = []
+    for i, (line, tag) in enumerate(zip(lines, tagged)):
+        if tag is not None:
+            by_rank.setdefault(int(tag.group(1)), []).append(line)
+        elif i < report_start and not _LAUNCHER_LOG.match(line) and line.strip():
+            other.append(line)
+    return by_rank, other
+
+
+def _reported_exit_codes(output: str) -> dict[int, int]:
+    """``{rank: exit code}`` for each rank in torchrun's failure report (the ranks it saw fail)."""
+    untagged = "".join(line for line in output.splitlines(keepends=True) if not _RANK_TAG.match(line))
+    return {int(rank): int(code) for rank, code in _REPORTED_FAILURE.findall(untagged)}
+
+
+def _exit_code_words(code: int) -> str:
+    if code < 0:
+        try:
+            return f"exit code {code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
+def failure_report(output: str, nproc: int, n: int = TAIL_LINES) -> str:
+    """What to read in a failed job's output: each rank's exit code and its own last ``n`` lines, failed ranks first.
+
+    Lines belong to a rank by their tag in any form (``[rank1]: ``, ``[default1]:``); exit codes come from
+    torchrun's failure report. Its closing traceback is left out (it stays in ``TorchrunError.output``): it only
+    repeats the codes, and would crowd out the rank's own error. Untagged lines from elsewhere come last.
+    """
+    by_rank, other = _lines_by_rank(output)
+    codes = _reported_exit_codes(output)
+    ranks = sorted(set(range(nproc)) | by_rank.keys() | codes.keys(), key=lambda rank: (rank not in codes, rank))
+    parts = []
+    if codes:
+        parts.append("Each rank's exit code (torchrun's failure report): " + "; ".join(
+            f"rank {rank}: {_exit_code_words(codes[rank])}" if rank in codes
+            else f"rank {rank}: not reported (it finished, or was stopped when another rank failed)"
+            for rank in ranks) + ".\n")
+    for rank in ranks:
+        lines = by_rank.get(rank, [])
+        tail = "".join(deque(lines, maxlen=n)) if lines else "(it printed nothing)\n"
+        parts.append(f"--- rank {rank}, last lines ---\n{tail}")
+    if other:
+        parts.append(f"--- lines from no rank ---\n{''.join(deque(other, maxlen=n))}")
+    return "".join(parts)
 
 
 def _parse_magic_line(line: str) -> tuple[int, float | None, list[str]]:
@@ -279,7 +364,7 @@ def torchrun_cell(line: str, cell: str) -> None:
     returncode, output = run_torchrun(cell, nproc=nproc, timeout=timeout, script_args=script_args, on_line=show)
     if returncode != 0:
         raise TorchrunError(
-            f"torchrun exited with code {returncode} (a rank failed); last lines:\n{_tail(output)}",
+            f"torchrun exited with code {returncode} (a rank failed).\n{failure_report(output, nproc)}",
             returncode=returncode,
             output=output,
         )

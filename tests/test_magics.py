@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from pathlib import Path
@@ -9,7 +10,16 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.magics import TorchrunError, _parse_magic_line, run_torchrun, torchrun_command
+from course_lib import magics
+from course_lib.magics import (
+    TorchrunError,
+    _parse_magic_line,
+    failure_report,
+    launcher_accepts,
+    run_torchrun,
+    torchrun_cell,
+    torchrun_command,
+)
 from course_lib.nbrun import NotebookRunner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +60,140 @@ def test_command_line_tags_ranks_and_supports_c10d() -> None:
     assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--standalone" not in cmd
     assert "--rdzv-backend=c10d" in cmd and "--rdzv-endpoint=127.0.0.1:29555" in cmd
     assert cmd[-6:] == ["-m", "course_lib.torchrun_entry", "-m", "course_lib.ddp_demo", "--strategy", "ddp"]
-    assert any(part.startswith("--log-line-prefix-template=[rank") for part in cmd)
+    has_option = launcher_accepts("--log-line-prefix-template")
+    assert ("--log-line-prefix-template=[rank${rank}]: " in cmd) == has_option
+
+
+def test_launcher_options_are_asked_of_its_own_parser() -> None:
+    assert launcher_accepts("--tee") and launcher_accepts("--log-dir") and launcher_accepts("--nproc-per-node")
+    assert not launcher_accepts("--no-such-launcher-option")
+
+
+def _parser_without_the_prefix_option() -> argparse.ArgumentParser:
+    """A stand-in for the launcher's parser in torch 2.11: it knows --tee and --log-dir but not the prefix option."""
+    parser = argparse.ArgumentParser(prog="torchrun")
+    parser.add_argument("--tee")
+    parser.add_argument("--log-dir")
+    parser.add_argument("training_script")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+@pytest.mark.distributed
+def test_a_launcher_without_the_prefix_option_still_tags_every_rank_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11's launcher passed the option it did not know on to each rank's Python, which exited 2."""
+    import torch.distributed.run
+
+    monkeypatch.setattr(torch.distributed.run, "get_args_parser", _parser_without_the_prefix_option)
+    cmd = torchrun_command("cell.py", nproc=2, log_dir="/tmp/x")
+    assert not [part for part in cmd if part.startswith("--log-line-prefix")]
+
+    code = "import os\nprint('hello from', os.environ['RANK'])\n"
+    returncode, output = run_torchrun(code, nproc=2, timeout=180)
+    assert returncode == 0, output
+    assert "[rank0]: hello from 0" in output.splitlines()
+    assert "[rank1]: hello from 1" in output.splitlines()
+    assert "[default" not in output  # tagged once, by the launcher, with the course's template
+
+
+@pytest.mark.distributed
+def test_a_failed_rank_shows_its_own_error_and_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    cell = "import os\nprint('ready', flush=True)\nif os.environ['RANK'] == '1':\n    raise ValueError('boom')\n"
+    with pytest.raises(TorchrunError) as failed:
+        torchrun_cell("-n 2 --timeout 180", cell)
+    message = str(failed.value)
+    assert "[rank1]: ValueError: boom" in message
+    assert "rank 1: exit code 1" in message
+    assert "launch_agent" not in message  # the launcher's traceback stays in .output
+    assert "launch_agent" in failed.value.output
+    assert "[rank1]: ValueError: boom" in capsys.readouterr().out  # streamed to the cell as it happened
+
+
+# What the H200 run printed with torch 2.11 (../shared/gpu-evidence/h200-2026-12-04/torchrun-diagnosis.txt): the
+# launcher tagged the ranks' lines with its default "[defaultR]:", and its own traceback came last.
+TORCH_211_OUTPUT = """\
+[default0]:unknown option --log-line-prefix-template=[rank${rank}]:
+[default0]:usage: /opt/torch/.venv/bin/python3 [option] ... [-c cmd | -m mod | file | -] [arg] ...
+[default0]:Try `python -h' for more information.
+[default1]:unknown option --log-line-prefix-template=[rank${rank}]:
+[default1]:usage: /opt/torch/.venv/bin/python3 [option] ... [-c cmd | -m mod | file | -] [arg] ...
+[default1]:Try `python -h' for more information.
+E1204 18:36:22.022000 498 torch/distributed/elastic/multiprocessing/api.py:986] failed (exitcode: 2) local_rank: 0 \
+(pid: 563) of binary: /opt/torch/.venv/bin/python3
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "<frozen runpy>", line 88, in _run_code
+  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/run.py", line 994, in <module>
+    main()
+  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", \
+line 362, in wrapper
+    return f(*args, **kwargs)
+           ^^^^^^^^^^^^^^^^^^
+  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/run.py", line 990, in main
+    run(args)
+  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/run.py", line 981, in run
+    elastic_launch(
+  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/launcher/api.py", line 170, in __call__
+    return launch_agent(self._config, self._entrypoint, list(args))
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/launcher/api.py", line 317, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+course_lib.torchrun_entry FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-04_18:36:21
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 2 (pid: 564)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-04_18:36:21
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 2 (pid: 563)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_failure_report_reads_torchruns_default_tags() -> None:
+    report = failure_report(TORCH_211_OUTPUT, nproc=2)
+    assert "[default0]:unknown option --log-line-prefix-template" in report
+    assert "[default1]:unknown option --log-line-prefix-template" in report
+    assert "rank 0: exit code 2" in report and "rank 1: exit code 2" in report
+    assert "launch_agent" not in report and "Traceback" not in report
+
+
+def test_failure_report_puts_the_failed_rank_first_with_its_signal_and_keeps_untagged_lines() -> None:
+    """Rank 1 crashed; rank 0 was still running and is not in torchrun's report; one line came untagged."""
+    launcher_tail = TORCH_211_OUTPUT[TORCH_211_OUTPUT.index("E1204"):]
+    report_of_rank_1 = launcher_tail[launcher_tail.index("Failures:"):launcher_tail.index("Root Cause")]
+    output = ("[default0]:step 1\n[default1]: Fatal Python error: Segmentation fault\nprinted without a tag\n"
+              + launcher_tail[:launcher_tail.index("Failures:")]
+              + report_of_rank_1.replace("exitcode  : 2", "exitcode  : -11") + "=" * 60 + "\n")
+    report = failure_report(output, nproc=2)
+    assert "rank 1: exit code -11 (killed by SIGSEGV)" in report
+    assert "rank 0: not reported" in report
+    assert report.index("--- rank 1") < report.index("--- rank 0") < report.index("--- lines from no rank")
+    assert "[default1]: Fatal Python error: Segmentation fault" in report
+    assert "printed without a tag" in report and "launch_agent" not in report
+
+
+def test_failure_report_keeps_the_last_lines_of_every_rank() -> None:
+    """Rank 1 failed first; rank 0 went on printing until the launcher stopped it: its lines must not push rank 1's
+    error out of the message."""
+    chatty = "".join(f"[rank0]: step {i}\n" for i in range(100))
+    report = failure_report("[rank1]: ValueError: boom\n" + chatty, nproc=2)
+    assert "[rank1]: ValueError: boom" in report and "[rank0]: step 99" in report
+    assert f"[rank0]: step {99 - magics.TAIL_LINES}\n" not in report
+    assert "--- rank 0, last lines ---" in failure_report("", nproc=2)
 
 
 def _gone(pid: int, within_s: float = 20.0) -> bool:
