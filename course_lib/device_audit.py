@@ -150,21 +150,35 @@ class DeviceAudit(TorchFunctionMode):
 _active: DeviceAudit | None = None
 _moving_module = False  # inside Module.to, whose own bookkeeping mixes old and new tensors
 _original_module_to = torch.nn.Module.to
+_original_module_cpu = torch.nn.Module.cpu
 _original_parameter_new = torch.nn.Parameter.__new__
 
 
-def _audited_module_to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+def _moving(original: Any, self: torch.nn.Module, args: tuple, kwargs: dict) -> torch.nn.Module:
     global _moving_module
-    target = kwargs.get("device", args[0] if args else None)
     outer, _moving_module = _moving_module, True
     try:
-        result = _original_module_to(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
     finally:
         _moving_module = outer
+
+
+def _mark_module(module: torch.nn.Module, moved: bool) -> None:
+    for tensor in [*module.parameters(), *module.buffers()]:
+        _set_mark(tensor, moved)
+
+
+def _audited_module_to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+    target = kwargs.get("device", args[0] if args else None)
+    result = _moving(_original_module_to, self, args, kwargs)
     if isinstance(target, (torch.device, str, int)):
-        moved = _is_audit_device(target)
-        for tensor in [*self.parameters(), *self.buffers()]:
-            _set_mark(tensor, moved)
+        _mark_module(self, _is_audit_device(target))
+    return result
+
+
+def _audited_module_cpu(self: torch.nn.Module) -> torch.nn.Module:
+    result = _moving(_original_module_cpu, self, (), {})
+    _mark_module(self, False)
     return result
 
 
@@ -182,6 +196,7 @@ def enable() -> torch.device:
         _active = DeviceAudit()
         _active.__enter__()
         torch.nn.Module.to = _audited_module_to  # type: ignore[method-assign]
+        torch.nn.Module.cpu = _audited_module_cpu  # type: ignore[method-assign]
         torch.nn.Parameter.__new__ = _audited_parameter_new  # type: ignore[method-assign]
     return AUDIT_DEVICE
 
@@ -193,4 +208,5 @@ def disable() -> None:
         _active.__exit__(None, None, None)
         _active = None
         torch.nn.Module.to = _original_module_to  # type: ignore[method-assign]
+        torch.nn.Module.cpu = _original_module_cpu  # type: ignore[method-assign]
         torch.nn.Parameter.__new__ = _original_parameter_new  # type: ignore[method-assign]

@@ -92,6 +92,8 @@ def test_moving_a_module_back_to_the_host_moves_its_parameters(audited: torch.de
     model = nn.Linear(3, 2).to(audited)
     model.to("cpu")
     assert not any(device_audit.on_device(p) for p in model.parameters())
+    assert all(device_audit.on_device(p) for p in model.to(audited).parameters())
+    assert not any(device_audit.on_device(p) for p in model.cpu().parameters())
     with pytest.raises(device_audit.DeviceMismatch):
         model(torch.randn(2, 3).to(audited))
 
