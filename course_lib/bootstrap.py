@@ -25,7 +25,6 @@ table. It is idempotent: run it after changing the library or ``pyproject.toml``
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import course_lib
+from course_lib.argparsing import CommandParser
 
 PACKAGE_DIR = Path(course_lib.__file__).resolve().parent
 NOTEBOOK_FOLDERS = ("notebooks", "solutions", "exercises")
@@ -320,7 +320,7 @@ def write_cells(root: Path, *, check_only: bool = False) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.bootstrap", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib.bootstrap", description=__doc__.splitlines()[0])
     parser.add_argument("--write-cells", action="store_true",
                         help="write the set-up cell and launch links into every notebook and the README")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a cell or link is stale")

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 
 from course_lib import atomic
 from course_lib import distributed as dist
+from course_lib.argparsing import CommandParser
 from course_lib.train.loss import mean_cross_entropy
 
 IN_FEATURES = 16
@@ -182,7 +183,7 @@ def _local_numel(model: nn.Module) -> int:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.ddp_demo", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib.ddp_demo", description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", choices=dist.STRATEGIES, nargs="+", default=["ddp"],
                         help="one or more, run one after the other in the same process group (e.g. ddp fsdp none)")
     parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")

@@ -9,7 +9,6 @@ From a notebook: ``from course_lib.doctor import doctor; doctor()`` prints the s
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import multiprocessing
@@ -21,6 +20,8 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+from course_lib.argparsing import CommandParser
 
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
 
@@ -202,7 +203,7 @@ def format_checks(checks: Sequence[Check]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib doctor", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the (slow) trial compile in a subprocess")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON instead of a table")
     parser.add_argument("--compile-timeout", type=float, default=180.0, help="seconds allowed for the trial compile")

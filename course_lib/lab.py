@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import course_lib.lab_auth
+from course_lib.argparsing import CommandParser
 from course_lib.labsettings import ensure_course_settings
 
 DEFAULT_PORT = 8888
@@ -252,7 +253,7 @@ def banner(cmd: LabCommand, *, requested_port: int | None = None) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m course_lib lab",
         description="Launch JupyterLab on the course's welcome notebook, on 127.0.0.1, protected by a token.",
     )

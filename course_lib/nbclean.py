@@ -13,11 +13,12 @@ it is saved: saving an untouched lesson writes the same bytes on any Python.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from course_lib.argparsing import CommandParser
 
 # Cell metadata worth keeping: tags drive nbval, the exercise builder and the grader.
 KEEP_CELL_METADATA = ("tags",)
@@ -98,7 +99,7 @@ def is_clean(path: Path) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.nbclean", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib.nbclean", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="notebooks or folders")
     parser.add_argument("--check", action="store_true", help="report dirty notebooks, change nothing")
     args = parser.parse_args(argv)

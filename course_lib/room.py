@@ -16,7 +16,6 @@ It writes ``class-report.png`` and ``class-report.md``; files that are not bundl
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from course_lib import __version__, atomic, journal, mode
+from course_lib.argparsing import CommandParser
 from course_lib.perf import claims
 
 BUNDLE_FORMAT = 1
@@ -180,7 +180,7 @@ def draw(groups: dict[str, list[Claim]], out: Path) -> Path:
 
 def progress_main(argv: Sequence[str] | None = None) -> int:
     """``python -m course_lib progress [export --out FILE]``: the journal, or a bundle for the room's report."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib progress", description=journal.__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib progress", description=journal.__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
     bundle = sub.add_parser("export", help="bundle your claim log with this machine's description (for the room)")
     bundle.add_argument("--claims", type=Path, default=os.environ.get(claims.ENV),
@@ -201,7 +201,7 @@ def progress_main(argv: Sequence[str] | None = None) -> int:
 
 def class_main(argv: Sequence[str] | None = None) -> int:
     """``python -m course_lib class report FOLDER [--out DIR]``."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib class", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib class", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     report = sub.add_parser("report", help="the room's measurements side by side: a plot and a table")
     report.add_argument("folder", type=Path, help="folder with every learner's bundle (*.json)")

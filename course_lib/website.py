@@ -18,7 +18,6 @@ time so their measurements do not compete for the CPU.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import html
 import json
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from course_lib import atomic, bootstrap, mode
+from course_lib.argparsing import CommandParser
 from course_lib.perf import claims
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -304,7 +304,7 @@ def build(root: Path, *, force: bool = False, only: Sequence[str] = (), quiet: b
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.website", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib.website", description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="execute every lesson again, even when up to date")
     parser.add_argument("--lessons", nargs="*", default=(), metavar="NN", help="only these lessons (a quick preview)")
     parser.add_argument("--quiet", action="store_true")

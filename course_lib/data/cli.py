@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from course_lib import mode
+from course_lib.argparsing import CommandParser
 
 WHICH = ("shapes", "text", "cifar10")
 
@@ -121,7 +122,7 @@ def info() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib data", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib data", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     p_prepare = sub.add_parser("prepare", help="generate what the current mode needs (idempotent, fast when done)")
     p_prepare.add_argument("--quiet", action="store_true", help="no progress bar, no summary")

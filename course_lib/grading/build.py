@@ -11,13 +11,13 @@ on an unsolved notebook still reaches its check cell. With
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from course_lib import nbclean
+from course_lib.argparsing import CommandParser
 from course_lib.grading import notebook
 
 DEMO_TAG = "raises-exception"
@@ -81,7 +81,7 @@ def build(solutions: Path, exercises: Path, *, check_only: bool = False) -> list
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib build-exercises", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib build-exercises", description=__doc__.splitlines()[0])
     parser.add_argument("--solutions", type=Path, default=Path("solutions"))
     parser.add_argument("--exercises", type=Path, default=Path("exercises"))
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if exercises/ is stale")

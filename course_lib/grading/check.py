@@ -8,13 +8,13 @@ in a fresh, separate process (outputs and kernel state are ignored), then the ch
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from course_lib import journal
+from course_lib.argparsing import CommandParser
 from course_lib.grading.api import checks_for, normalise_exercise, run_check
 from course_lib.grading.report import format_results
 
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI: ``python -m course_lib check [NN ...] [--notebooks DIR] [--timeout S]``; exit 0 iff all pass."""
     from course_lib.grading.runner import DEFAULT_TIMEOUT_S, find_notebooks, grade_notebooks
 
-    parser = argparse.ArgumentParser(prog="python -m course_lib check", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib check", description=__doc__.splitlines()[0])
     parser.add_argument("exercises", nargs="*", help="exercise numbers (default: every notebook found)")
     parser.add_argument("--notebooks", type=Path, default=Path("exercises"), help="folder of NN_topic.ipynb")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per exercise")

@@ -15,7 +15,6 @@ the same points in Canvas's and Moodle's import layouts; every output records th
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -27,6 +26,7 @@ from textwrap import indent
 from typing import IO, Any
 
 from course_lib import atomic
+from course_lib.argparsing import CommandParser
 from course_lib.grading import gradebook, runner, sandbox
 from course_lib.grading.api import (
     CheckResult,
@@ -286,7 +286,7 @@ def _output_problem(out: Path, feedback: Path) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib grade", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib grade", description=__doc__.splitlines()[0])
     parser.add_argument("submissions", type=Path, help="folder with one sub-folder per student")
     parser.add_argument("--out", type=Path, required=True, help="CSV to write")
     parser.add_argument("--feedback", type=Path, help="folder for each student's results.json and feedback.txt "

@@ -11,12 +11,12 @@ and exits 1 if there is one.
 
 from __future__ import annotations
 
-import argparse
 import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from course_lib.argparsing import CommandParser
 from course_lib.grading import notebook
 from course_lib.grading.api import checks_for
 from course_lib.grading.build import make_exercise
@@ -77,7 +77,7 @@ def differences(number: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.grading.parts", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib.grading.parts", description=__doc__.splitlines()[0])
     parser.add_argument("exercises", nargs="*", help="exercise numbers (default: every exercise)")
     args = parser.parse_args(argv)
     numbers = args.exercises or sorted(p.name[:2] for p in SOLUTIONS.glob("[0-9][0-9]_*.ipynb"))

@@ -17,7 +17,6 @@ do not give, or a sentence that does not state the verdict's outcome, factor and
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import math
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from course_lib import atomic
+from course_lib.argparsing import CommandParser
 from course_lib.perf.compare import OUTCOMES, TIMED_QUANTITIES, Verdict, decide
 
 __all__ = ["ENV", "FORMAT", "FIELDS", "current_lesson", "record", "problems", "check_file", "main"]
@@ -151,7 +151,7 @@ def summary(paths: Sequence[Path]) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib claims",
+    parser = CommandParser(prog="python -m course_lib claims",
                                      description="Check a claim log written with COURSE_CLAIM_LOG.")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="re-derive every verdict from its rounds; list each inconsistency")
