@@ -118,12 +118,29 @@ def port_is_free(port: int, ip: str = DEFAULT_IP) -> bool:
     return True
 
 
+def ephemeral_ports() -> range:
+    """The ports the operating system hands out as the local end of outgoing connections (Linux's
+    ``ip_local_port_range``; 32768-60999 where it cannot be read).
+
+    A server waiting on such a port can be "answered" by the waiting client itself: a connection to an unused port
+    in this range can get that very port as its own end, and the client then connects to itself and reads its own
+    request back (a TCP self-connect). The lab keeps out of the range.
+    """
+    try:
+        low, high = (int(part) for part in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port(ip: str = DEFAULT_IP) -> int:
-    """A port the operating system says is free now (for tests and throw-away servers)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((ip, 0))
-        return int(sock.getsockname()[1])
+    """A port that is free now and outside the ephemeral range (for tests and throw-away servers)."""
+    ephemeral = ephemeral_ports()
+    candidates = [port for port in range(20000, 32768) if port not in ephemeral] or list(range(1024, 20000))
+    for port in secrets.SystemRandom().sample(candidates, min(200, len(candidates))):
+        if port_is_free(port, ip):
+            return port
+    raise LabError(f"no free port found on {ip} outside the ephemeral range {ephemeral.start}-{ephemeral.stop - 1}.")
 
 
 def choose_port(requested: int, ip: str = DEFAULT_IP, *, strict: bool = False) -> int:
@@ -138,8 +155,9 @@ def choose_port(requested: int, ip: str = DEFAULT_IP, *, strict: bool = False) -
             f"(`jupyter server list` shows running ones), pick another --port, or drop --strict-port to use the "
             f"next free port automatically."
         )
+    ephemeral = ephemeral_ports()
     for candidate in range(requested + 1, min(requested + PORT_SEARCH_SPAN, 65535) + 1):
-        if port_is_free(candidate, ip):
+        if candidate not in ephemeral and port_is_free(candidate, ip):
             return candidate
     raise LabError(
         f"ports {requested}..{requested + PORT_SEARCH_SPAN} on {ip} are all in use; pass a different --port."
@@ -412,6 +430,9 @@ def _http_status(cmd: LabCommand, path: str, token: str | None, timeout: float =
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "localhost": "127.0.0.1"}.get(cmd.ip, cmd.ip)
     connection = http.client.HTTPConnection(host, cmd.port, timeout=timeout)
     try:
+        connection.connect()
+        if connection.sock.getsockname()[:2] == connection.sock.getpeername()[:2]:
+            raise ConnectionRefusedError(f"port {cmd.port}: connected to itself (a TCP self-connect), no server yet")
         connection.request("GET", path, headers={"Authorization": f"token {token}"} if token else {})
         return connection.getresponse().status
     finally:
@@ -428,7 +449,7 @@ def wait_until_ready(cmd: LabCommand, process: subprocess.Popen, timeout: float 
         try:
             if _http_status(cmd, "/api/status", cmd.token) == 200:
                 return
-        except OSError:
+        except (OSError, http.client.HTTPException):  # not up yet, or something else answers there: ask again
             pass
         if time.monotonic() > deadline:
             raise LabError(f"JupyterLab did not answer on port {cmd.port} within {timeout:.0f} s.")

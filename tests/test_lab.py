@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,7 +90,7 @@ def test_remote_ip_needs_allow_remote_and_warns(tmp_path, capsys):
 
 def test_busy_port_moves_on_or_fails_when_strict():
     with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
+        busy.bind(("127.0.0.1", lab.free_port()))
         busy.listen()
         port = busy.getsockname()[1]
         assert not lab.port_is_free(port)
@@ -259,3 +261,56 @@ def test_a_port_taken_while_the_server_starts_moves_to_the_next_free_one(tmp_pat
     assert code == 0, out
     assert started[0] == port and len(started) == 2 and started[1] > port
     assert f"trying port {started[1]}" in out and f"uses port {started[1]}" in out
+
+
+def _answering_server(answers: list[bytes | None]) -> tuple[int, threading.Thread]:
+    """A TCP server on a free port that answers its n-th connection with ``answers[n]`` (None: a reset), once each."""
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(len(answers))
+
+    def serve() -> None:
+        with listener:
+            for answer in answers:
+                conn, _ = listener.accept()
+                with conn:
+                    conn.recv(4096)
+                    if answer is None:  # RST instead of FIN: the client sees "connection reset"
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    else:
+                        conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread
+
+
+def test_the_readiness_probe_survives_anything_a_port_can_answer(tmp_path: Path) -> None:
+    """Seen: `course lab` crashed with http.client.BadStatusLine ('GET /api/status HTTP/1.1': its own request, read
+    back through a TCP self-connect) instead of asking again."""
+    echo = b"GET /api/status HTTP/1.1\r\nHost: x\r\n\r\n"  # what a self-connect reads back
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    port, thread = _answering_server([echo, b"\x00\xffnot http\r\n\r\n", None, ok])
+    cmd = lab.LabCommand(argv=[], env={}, url="", token="t", ip="127.0.0.1", port=port, notebook_dir=tmp_path)
+    lab.wait_until_ready(cmd, _FakeServer(exits=False), timeout=30)
+    thread.join(timeout=5)
+    assert not thread.is_alive(), "the probe returned before the server's 200"
+
+
+def test_ports_the_lab_picks_stay_out_of_the_ephemeral_range() -> None:
+    ephemeral = lab.ephemeral_ports()
+    assert len(ephemeral) > 1000
+    assert all(lab.free_port() not in ephemeral for _ in range(20))
+    start = ephemeral.start - 3  # a search that would walk into the range skips it
+    with socket.socket() as a, socket.socket() as b, socket.socket() as c:
+        taken = []
+        for sock, port in zip((a, b, c), range(start, start + 3)):
+            try:
+                sock.bind(("127.0.0.1", port))
+                sock.listen(1)
+                taken.append(port)
+            except OSError:
+                pytest.skip(f"port {port} is in use here")
+        with pytest.raises(lab.LabError, match="all in use"):  # the next free ports are ephemeral: not taken
+            lab.choose_port(start)
