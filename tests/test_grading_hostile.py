@@ -319,3 +319,31 @@ def test_outputs_for_the_instructor(graded_class: dict) -> None:
         ("ex90 doubles", 1, 1), ("ex90 halves", 2, 2)}
     feedback = (graded_class["feedback"] / "forge_results" / "feedback.txt").read_text()
     assert "exercise 90: 0/3 points (ended early)" in feedback
+
+
+def test_observations_written_before_the_handshake_are_not_judged(tmp_path: Path, monkeypatch) -> None:
+    """A notebook that knows (here: is told) the seed writes the right observations for it while it loads, then leaves
+    before the worker says ready: nothing it wrote is judged. Written files are deleted unread at the handshake too."""
+    from course_lib.grading import runner
+
+    seed = 123_457
+    monkeypatch.setattr(runner.secrets, "randbelow", lambda n: seed)
+    instructor = tmp_path / "instructor"
+    instructor.mkdir()
+    (instructor / "toy_checks.py").write_text(TOY_CHECKS)
+    forge = f"""
+import os, sys, torch
+out = "/grading" if os.path.isdir("/grading") else sys.argv[3]
+torch.save([{{"key": "_double", "value": 2 * (21 + {seed} % 1_000_000)}}], os.path.join(out, "observations-0.pt"))
+torch.save([{{"key": "_half", "value": (9 + {seed} % 100_000) / 2}}], os.path.join(out, "observations-1.pt"))
+"""
+    leaves = tmp_path / "leaves" / "90_toy.ipynb"
+    _hostile_toy(leaves, forge + "os._exit(0)\n")
+    graded = runner.grade_notebook(leaves, "90", extra_dirs=[instructor], timeout_s=60)
+    assert [r.passed for r in graded.results] == [False, False], graded.results
+    assert all("handed it this run's inputs" in r.message for r in graded.results), graded.results
+    # The same files written by a notebook that stays: deleted at the handshake, so its wrong double() is judged.
+    stays = tmp_path / "stays" / "90_toy.ipynb"
+    _hostile_toy(stays, forge)
+    graded = runner.grade_notebook(stays, "90", extra_dirs=[instructor], timeout_s=60)
+    assert [r.passed for r in graded.results] == [False, True], graded.results

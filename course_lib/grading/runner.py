@@ -208,7 +208,7 @@ def _observe(path: Path, number: str, checks: list[Check], extra_dirs: list[Path
                     _kill_group(proc)
             deadline = time.monotonic() + timeout_s
             try:
-                heard = _hand_over_seed(proc, pipe, ready_read, seed_write, seed, deadline)
+                heard = _hand_over_seed(proc, pipe, ready_read, seed_write, seed, deadline, out_dir)
                 returncode: int | None = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 returncode = None
@@ -262,10 +262,13 @@ class _Pipes:
 
 
 def _hand_over_seed(proc: subprocess.Popen, pipe: _Pipes, ready_read: int, seed_write: int, seed: int,
-                    deadline: float) -> bytes:
+                    deadline: float, out_dir: Path) -> bytes:
     """Send ``seed`` (then close its pipe) when the child says ``ready``; keep listening until the child ends or
     the deadline, and return all it said (at most 1 KiB). Listening to the end is how interference is seen: a
-    notebook that said ``ready`` itself while loading, to learn the seed early, makes the worker say it twice."""
+    notebook that said ``ready`` itself while loading, to learn the seed early, makes the worker say it twice.
+
+    Whatever is in ``out_dir`` when ``ready`` arrives was written while the notebook loaded, before the seed
+    existed for it: it is deleted unread, so only what the checks record for this seed is judged."""
     heard = b""
     while (remaining := deadline - time.monotonic()) > 0:
         readable, _, _ = select.select([ready_read], [], [], min(remaining, 0.5))
@@ -275,6 +278,11 @@ def _hand_over_seed(proc: subprocess.Popen, pipe: _Pipes, ready_read: int, seed_
                 break
             heard = (heard + chunk)[:1024]
             if READY in heard and seed_write in pipe.open:
+                for early in out_dir.iterdir():
+                    if early.is_file() or early.is_symlink():
+                        early.unlink()
+                    else:
+                        shutil.rmtree(early, ignore_errors=True)
                 os.write(seed_write, f"{seed}\n".encode())
                 pipe.close(seed_write)  # a second reader gets nothing: the worker fails rather than waits
         elif proc.poll() is not None:
@@ -377,9 +385,13 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
             missing = f"the grading process ended before this check was observed (exit code {returncode})"
             hint = "does your code call os._exit or sys.exit, kill its own process, use too much memory or print " \
                    "too much?" + (f" last output: {tail}" if tail else "")
+        if heard != READY:  # the handshake never happened: what the notebook wrote while it loaded is not judged
+            missing = ("the grading process ended before the grader handed it this run's inputs (it never got as "
+                       "far as the checks)" if returncode is not None else
+                       f"timed out after {timeout_s:g} s while the notebook was still loading, before the checks")
         results, observations = [], []
         for index, check in enumerate(checks):
-            records = _load_observations(out_dir, index, limits.file_mb << 20)
+            records = _load_observations(out_dir, index, limits.file_mb << 20) if heard == READY else None
             observations.append(records)
             if records is None:
                 results.append(failed_result(check, missing, hint))
