@@ -108,6 +108,8 @@ def _create_temporary(path: Path, permissions: int) -> tuple[int, Path]:
             return os.open(tmp, _FLAGS, permissions), tmp
         except FileExistsError:  # 1 in 4 billion: draw another name
             continue
+        except OSError as exc:  # name the folder that refused a new file, not the temporary name nobody chose
+            raise OSError(exc.errno, exc.strerror, str(path.parent)) from None
 
 
 def write_with(path: str | Path, write: Callable[[IO[Any]], object], *, encoding: str | None = None,

@@ -69,7 +69,7 @@ def data_dir() -> Path:
 
 
 def data_dir_hint(filename: object) -> str:
-    """``" COURSE_DATA_DIR chooses where the data goes."`` when a failed file is in the data folder, else ``""``."""
+    """A sentence naming the data folder and how to choose another, when a failed file is in it; else ``""``."""
     if not filename:
         return ""
     try:
@@ -77,4 +77,7 @@ def data_dir_hint(filename: object) -> str:
     except SettingError:
         return ""
     path = os.path.abspath(os.fsdecode(filename))  # type: ignore[arg-type]
-    return " COURSE_DATA_DIR chooses where the data goes." if path == root or path.startswith(root + os.sep) else ""
+    if path == root or path.startswith(root + os.sep):
+        return (f" The data folder is {root}: COURSE_DATA_DIR=<a writable folder> chooses another, then "
+                "`python -m course_lib data prepare` writes the data there.")
+    return ""

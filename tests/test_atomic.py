@@ -127,3 +127,24 @@ def test_the_claim_log_and_the_journal_lock_never_write_through_a_planted_link(
     journal.exercise_checked("07", 1, 3)  # the journal never stops anything: one line
     assert "symbolic link" in capsys.readouterr().err
     assert notebook.read_bytes() == b'{"cells": []}'
+
+
+def test_a_folder_that_refuses_new_files_is_named_not_the_temporary_file(tmp_path, monkeypatch) -> None:
+    """Seen: writing data into a read-only folder said `.../circle/.0.jpg.a9be4abf.tmp: permission denied`."""
+    import errno
+
+    folder = tmp_path / "circle"
+    folder.mkdir()
+    real_open = os.open
+
+    def refuse(path, flags, mode=0o777, **kwargs):
+        if os.path.dirname(os.fspath(path)) == str(folder):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_open(path, flags, mode, **kwargs)
+
+    monkeypatch.setattr(atomic.os, "open", refuse)
+    with pytest.raises(OSError) as raised:
+        atomic.write_bytes(folder / "0.jpg", b"x")
+    line = atomic.os_error_line(raised.value)
+    assert line.startswith(f"{folder}: permission denied") and ".tmp" not in line, line
+    assert list(folder.iterdir()) == []
