@@ -1,0 +1,118 @@
+"""The size for the device (course_lib/perf/sizing.py): on every GPU class each timed call meets the rule, counted
+on the ``meta`` device for figures of devices this machine does not have; on the CPU nothing changes.
+
+The H200's figures are those of the GPU evidence (lesson 14's sweep on an H200, 2026-12-04: fp32 50.7, bf16 758,
+fp16 744 TFLOP/s, 4307 GB/s; lesson 14's fifty small calls cost 12.2 µs each). The T4 and A100 are built from their
+public datasheets (dense tensor-core and fp32 peaks, memory, bandwidth) with a launch cost of a few µs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_lib.perf import sizing
+from course_lib.perf.device_facts import DeviceFacts
+from course_lib.perf.sizing import (
+    Work,
+    count_work,
+    cpu_sizes,
+    device_class,
+    device_seconds,
+    estimated_seconds,
+    matmul_work,
+    meets_rule,
+    min_call_seconds,
+    precision_step_work,
+    sizes_for,
+    timed_calls,
+)
+
+H200 = DeviceFacts(kind="cuda", name="NVIDIA H200", memory_bytes=150_754_000_000, capability=(9, 0),
+                   matmul={"float32": 50.668e12, "bfloat16": 758.09e12, "float16": 744.26e12},
+                   bandwidth=4307.3e9, launch_s=12.2e-6)
+H200_FAST_LAUNCH = DeviceFacts(**{**H200.__dict__, "launch_s": 5e-6})
+T4 = DeviceFacts(kind="cuda", name="Tesla T4", memory_bytes=15 * 2**30, capability=(7, 5),
+                 matmul={"float32": 8.1e12, "float16": 65e12}, bandwidth=320e9, launch_s=8e-6)
+L4 = DeviceFacts(kind="cuda", name="NVIDIA L4", memory_bytes=22 * 2**30, capability=(8, 9),
+                 matmul={"float32": 30.3e12, "bfloat16": 121e12, "float16": 121e12}, bandwidth=300e9, launch_s=7e-6)
+A100 = DeviceFacts(kind="cuda", name="NVIDIA A100-SXM4-40GB", memory_bytes=40 * 2**30, capability=(8, 0),
+                   matmul={"float32": 19.5e12, "bfloat16": 312e12, "float16": 312e12}, bandwidth=1555e9,
+                   launch_s=6e-6)
+GPUS = {"H200": (H200, "large-gpu"), "H200, 5 µs launch": (H200_FAST_LAUNCH, "large-gpu"), "T4": (T4, "small-gpu"),
+        "L4": (L4, "small-gpu"), "A100": (A100, "large-gpu")}
+CPU = DeviceFacts(kind="cpu", name="a laptop CPU", memory_bytes=16 * 2**30, cpu_flags=frozenset({"avx2"}))
+
+
+@pytest.mark.parametrize("name", list(GPUS))
+def test_every_gpu_sized_call_meets_the_rule_and_the_lesson_stays_minutes(name: str) -> None:
+    facts, klass = GPUS[name]
+    sizes = sizes_for(facts)
+    assert sizes.device_class == klass == device_class(facts)
+    floor = min_call_seconds(facts)
+    assert floor == max(1e-3, 50 * facts.launch_s)
+    calls = timed_calls(sizes, facts)
+    assert len(calls) >= 3
+    for what, work in calls.items():
+        seconds = device_seconds(work, facts)
+        assert seconds >= floor, f"{name}: {what} is {seconds * 1e3:.3f} ms at the roofs, under {floor * 1e3} ms"
+        assert work.held <= sizing.MEMORY_SHARE * facts.memory_bytes, f"{name}: {what} would not fit"
+    assert sizes.tf32_size >= 4096  # where the TF32 expectation is stated
+    assert estimated_seconds(sizes, facts) < 180, "the quality runs alone would take minutes too many"
+    assert "measured matmul roofs" in sizes.why and "fastest roof" in sizes.why
+
+
+def test_todays_cpu_sizes_break_the_rule_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lesson 05 as it ran on the H200: a batch-64, width-32 CNN step and a 256x256 TF32 matmul are launch-bound."""
+    monkeypatch.setenv("COURSE_MODE", "full")
+    today = cpu_sizes()
+    step = precision_step_work(today.precision_width, today.precision_batch, dtype="bf16")
+    assert device_seconds(step, H200) < 50e-6  # microseconds, against a 1 ms floor
+    assert not meets_rule(step, H200) and not meets_rule(matmul_work(today.tf32_size), H200)
+    for facts in (T4, A100):
+        assert not all(meets_rule(w, facts) for w in timed_calls(today, facts).values())
+
+
+@pytest.mark.parametrize("mode", ["full", "smoke"])
+def test_the_cpu_keeps_the_sizes_the_lessons_always_used(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    monkeypatch.setenv("COURSE_MODE", mode)
+    sizes = sizes_for(CPU)
+    expected = {"full": (32, 64, 8, 40, 256), "smoke": (32, 16, 2, 3, 256)}[mode]
+    assert sizes.device_class == "cpu"
+    assert (sizes.precision_width, sizes.precision_batch, sizes.precision_batches, sizes.precision_steps,
+            sizes.tf32_size) == expected
+
+
+def test_the_class_and_sizes_come_from_figures_not_the_name() -> None:
+    small_h200 = DeviceFacts(**{**H200.__dict__, "memory_bytes": 16 * 2**30})
+    assert device_class(small_h200) == "small-gpu"
+    slow_launch = DeviceFacts(**{**A100.__dict__, "launch_s": 60e-6})  # 50 launches: 3 ms
+    assert min_call_seconds(slow_launch) == pytest.approx(3e-3)
+    big, small = sizes_for(slow_launch), sizes_for(A100)
+    assert (big.precision_width, big.precision_batch) > (small.precision_width, small.precision_batch)
+    for work in timed_calls(big, slow_launch).values():
+        assert meets_rule(work, slow_launch)
+    faster = DeviceFacts(**{**A100.__dict__, "matmul": {k: 4 * v for k, v in A100.matmul.items()},
+                            "bandwidth": 4 * A100.bandwidth})
+    assert sizes_for(faster).precision_batch > small.precision_batch
+
+
+def test_work_is_counted_on_meta_from_shapes() -> None:
+    def mm() -> None:
+        with torch.device("meta"):
+            a, b = torch.randn(64, 32), torch.randn(32, 16)
+        torch.mm(a, b)
+
+    work = count_work(mm)
+    assert work.flops == 2 * 64 * 32 * 16
+    # randn writes both operands; mm reads them and writes its result (fp32: 4 bytes each)
+    assert work.bytes == 4 * (64 * 32 + 32 * 16) + 4 * (64 * 32 + 32 * 16 + 64 * 16)
+    assert matmul_work(8) == Work(flops=1024.0, bytes=768.0, held=768.0)
+    step32, step16 = precision_step_work(32, 64), precision_step_work(32, 64, dtype="bf16")
+    assert step16.flops == step32.flops and step16.bytes < step32.bytes
+    assert precision_step_work(32, 128).flops == pytest.approx(2 * step32.flops, rel=0.01)
+
+
+def test_device_time_needs_measured_figures() -> None:
+    with pytest.raises(ValueError, match="no measured matmul roof"):
+        device_seconds(Work(1.0, 1.0), CPU)
