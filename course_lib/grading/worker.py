@@ -17,6 +17,7 @@ the judgement of them. Learner output goes to stdout/stderr, of which the parent
 from __future__ import annotations
 
 import argparse
+import importlib.abc
 import json
 import linecache
 import os
@@ -29,6 +30,28 @@ from typing import Any
 from course_lib import atomic
 from course_lib.grading import api, notebook, reference_use
 from course_lib.grading.api import CELL_ERRORS, checks_for
+
+
+class RefuseMPI(importlib.abc.MetaPathFinder):
+    """``import mpi4py`` fails in the judging process, as it does where mpi4py is installed without an MPI library.
+
+    Lightning looks for an MPI launcher whenever mpi4py is installed (``MPIEnvironment.detect`` imports
+    ``mpi4py.MPI``, and that import starts MPI): inside the sandbox the start can abort the whole worker (it did on a
+    GPU machine, and every Lightning check scored 0). A failed import reads to Lightning as "no MPI here", so it
+    trains in this one process, whoever built the Trainer (a check or the learner's code) and whether or not mpi4py
+    is installed. Graded exercises never use MPI.
+    """
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "mpi4py" or name.startswith("mpi4py."):
+            raise ModuleNotFoundError(f"No module named {name!r}: grading never starts MPI", name=name)
+        return None
+
+
+def refuse_mpi() -> None:
+    """Install :class:`RefuseMPI` first on this process's import path (once)."""
+    if not any(isinstance(finder, RefuseMPI) for finder in sys.meta_path):
+        sys.meta_path.insert(0, RefuseMPI())
 
 
 def observations_file(out_dir: Path, index: int) -> Path:
@@ -100,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--extra", type=Path, action="append", default=[])
     parser.add_argument("--channel", required=True, help="SEED_FD,READY_FD from the grader")
     args = parser.parse_args(argv)
+    refuse_mpi()  # before anything can import Lightning
     # Taken before the notebook's code runs: replacing os.read or this module's function cannot reach these.
     read, write, receive, set_seed = os.read, os.write, receive_seed, api.set_run_seed
     checks = checks_for(args.exercise, args.extra)  # imported before any learner code runs

@@ -237,6 +237,7 @@ def run_lightning(model: torch.nn.Module, batches: list, val: list, case: LoopCa
     import logging
 
     import lightning as L
+    from lightning.pytorch.plugins.environments import LightningEnvironment
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -246,6 +247,7 @@ def run_lightning(model: torch.nn.Module, batches: list, val: list, case: LoopCa
         max_steps=cfg.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=cfg.clip,
         num_sanity_val_steps=0, limit_val_batches=0, deterministic=False,
+        plugins=[LightningEnvironment()],  # one process: no probe for a cluster launcher (it would start MPI)
     )
     trainer.fit(_lightning_module(model, cfg), train_dataloaders=timed)
     model.eval()
