@@ -37,6 +37,7 @@ from course_lib.device import synchronize
 from course_lib.perf.compare import Comparison, compare
 from course_lib.perf.memory import host_rss_mb, process_footprint_mb
 from course_lib.perf.timing import first_tensor, now, to_device
+from course_lib.train.loop import ctrl_c_deferred
 
 CONFIG_KEYS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers", "epochs")
 
@@ -142,26 +143,36 @@ def _time_epochs(
     paused = 0.0  # seconds spent reading memory, taken off the clock
     synchronize(device)
     t_start = now()
-    for _ in range(epochs):
-        t0 = now()
-        it = iter(loader)
-        for i in range(n_batches):
-            n = _batch_size_of(to_device(next(it), device, non_blocking=non_blocking))
-            samples += n
-            batches += 1
-            if i == 0:
-                synchronize(device)
-                epoch_first.append(now() - t0)
-                if not memory:  # first epoch: read memory while the workers are alive
-                    t_read = now()
-                    memory = _memory_now()
-                    paused += now() - t_read
-                t_first = now()
-            else:
-                steady_samples += n
-        synchronize(device)
-        steady_s += now() - t_first
-        del it  # non-persistent workers shut down here; persistent ones wait for the next epoch
+    it: Any = None
+    try:
+        for _ in range(epochs):
+            t0 = now()
+            with ctrl_c_deferred():  # a Ctrl-C while workers fork is lost in fork's own handlers: hold it till after
+                it = iter(loader)
+            for i in range(n_batches):
+                n = _batch_size_of(to_device(next(it), device, non_blocking=non_blocking))
+                samples += n
+                batches += 1
+                if i == 0:
+                    synchronize(device)
+                    epoch_first.append(now() - t0)
+                    if not memory:  # first epoch: read memory while the workers are alive
+                        t_read = now()
+                        memory = _memory_now()
+                        paused += now() - t_read
+                    t_first = now()
+                else:
+                    steady_samples += n
+            synchronize(device)
+            steady_s += now() - t_first
+            it = None  # non-persistent workers shut down here; persistent ones wait for the next epoch
+    except BaseException:
+        # Interrupted (Ctrl-C) or failed: a notebook keeps the traceback, and with it this iterator, so its workers
+        # would outlive the cell; stop them now.
+        if hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        _shut_down_persistent_workers(loader)
+        raise
     _shut_down_persistent_workers(loader)  # inside the clock, as the non-persistent workers' shut-downs are
     synchronize(device)
     total = now() - t_start - paused
