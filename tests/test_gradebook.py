@@ -82,3 +82,21 @@ def test_a_file_that_is_not_a_grade_table_is_refused(tmp_path: Path, content, wh
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(ValueError, match=why):
         gradebook.read_previous(path, tmp_path / "g-feedback")
+
+
+def test_a_regrade_reads_back_names_escaped_against_spreadsheet_formulas(tmp_path: Path) -> None:
+    """Seen: every student whose folder starts with = + - @ was split in two ("3 of 4 student(s) changed" in a class
+    of 3, with nothing changed): grades.csv stores them with a leading ', which the regrade kept."""
+    import csv
+
+    names = ['=1+1 Zoë "Z" O\'Brien, Jr', "-dash", "@at", "+plus", "'quoted", "ada"]
+    grades = tmp_path / "grades.csv"
+    with grades.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["student", "ex05", "total", "max", "status", "flags", "grader"])
+        for name in names:
+            writer.writerow([gradebook.csv_cell(c) for c in (name, 3, 3, 5, "graded", "", "old")])  # as write_csv
+    previous = gradebook.read_previous(grades, tmp_path / "grades-feedback")
+    assert sorted(previous.points) == sorted(names)
+    report = gradebook.regrade_report(previous, "old", {name: {"ex05": "3"} for name in names}, {})
+    assert report.endswith(f"0 of {len(names)} student(s) changed"), report

@@ -141,17 +141,6 @@ def _interrupted(number: str, extra_dirs: list[Path]) -> NotebookGrade:
                          INTERRUPTED)
 
 
-# A cell that a spreadsheet would read as a formula (a student named "=HYPERLINK(...)").
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def csv_cell(value: object) -> object:
-    """Text that cannot run as a spreadsheet formula: a leading ``'`` where it would (numbers stay numbers)."""
-    if isinstance(value, str) and value.startswith(_FORMULA_START):
-        return "'" + value
-    return value
-
-
 def write_csv(table: Table, exercises: list[str], out: Path, grader: str = "") -> None:
     """One row per student: points per exercise, total, maximum, grading status, reference-use flags and the
     grader's version (:func:`gradebook.grader_version`)."""
@@ -165,8 +154,8 @@ def write_csv(table: Table, exercises: list[str], out: Path, grader: str = "") -
             flags = "; ".join([f"ex{n} uses the reference implementation ({', '.join(per_ex[n].uses_reference)})"
                                for n in exercises if per_ex[n].uses_reference]
                               + [f"ex{n} {per_ex[n].note}" for n in exercises if per_ex[n].note])
-            writer.writerow([csv_cell(c) for c in (student, *earned, sum(earned), possible, status or GRADED, flags,
-                                                   grader)])
+            cells = (student, *earned, sum(earned), possible, status or GRADED, flags, grader)
+            writer.writerow([gradebook.csv_cell(c) for c in cells])
 
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_with(out, write_rows, encoding="utf-8", newline="")

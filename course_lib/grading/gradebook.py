@@ -78,6 +78,22 @@ class PreviousRun:
     missing_feedback: list[str] = field(default_factory=list)
 
 
+# A cell that a spreadsheet would read as a formula (a student named "=HYPERLINK(...)").
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> object:
+    """Text that cannot run as a spreadsheet formula: a leading ``'`` where it would (numbers stay numbers)."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def from_csv_cell(text: str) -> str:
+    """The value :func:`csv_cell` escaped, as it was: ``'=x`` reads back as ``=x`` (other text unchanged)."""
+    return text[1:] if text.startswith("'") and text[1:].startswith(_FORMULA_START) else text
+
+
 def read_previous(csv_path: Path, feedback: Path) -> PreviousRun:
     """Read an earlier run's CSV and its students' ``results.json``; a clear ``ValueError`` when it is not one."""
     try:
@@ -89,7 +105,7 @@ def read_previous(csv_path: Path, feedback: Path) -> PreviousRun:
         raise ValueError(f"--regrade {csv_path}: not a grades.csv written by `grade` (no 'student' column)")
     previous = PreviousRun(csv_path, grader=rows[0].get("grader") or "unknown (written before graders were recorded)")
     for row in rows:
-        student = row["student"]
+        student = from_csv_cell(row["student"])  # written escaped: "=1+1 Zoë" is stored as "'=1+1 Zoë"
         previous.points[student] = {k: v for k, v in row.items() if k.startswith("ex") and k[2:].isdigit()}
         try:
             results = json.loads((feedback / student / "results.json").read_text(encoding="utf-8"))
