@@ -14,7 +14,7 @@ def test_this_cpu_is_read_and_its_launch_cost_measured() -> None:
     assert facts.kind == "cpu" and facts.capability is None and not facts.is_gpu
     assert facts.memory_bytes and facts.memory_bytes > 2**28
     assert 0 < facts.launch_s < 1e-3  # a tiny in-place add: microseconds
-    assert facts.low_precision_units.startswith("a CPU")
+    assert "bf16" in facts.low_precision_units and "tensor cores" not in facts.low_precision_units
     assert launch_seconds("cpu", calls=20, rounds=3) > 0
 
 
@@ -43,9 +43,9 @@ def test_cpu_words_name_its_bf16_units() -> None:
     amx = DeviceFacts(kind="cpu", name="c", cpu_flags=frozenset({"amx_bf16", "avx2"}))
     plain = DeviceFacts(kind="cpu", name="c", cpu_flags=frozenset({"avx2"}))
     unread = DeviceFacts(kind="cpu", name="c")
-    assert "reports amx_bf16" in amx.low_precision_units
-    assert "no bf16 matrix units" in plain.low_precision_units
-    assert "does not list" in unread.low_precision_units
+    assert "reports amx_bf16" in amx.low_precision_units and amx.cpu_bf16_units
+    assert "no bf16 matrix units" in plain.low_precision_units and not plain.cpu_bf16_units
+    assert "lists no CPU flags" in unread.low_precision_units and not unread.cpu_bf16_units
 
 
 def test_bad_facts_are_refused_with_the_value() -> None:

@@ -95,20 +95,55 @@ def test_the_lessons_explain_their_comparisons_through_verdicts() -> None:
     assert len(EXPLAIN_CALLS) >= 8, "the lessons' timing comparisons should be explained with lesson.explain"
 
 
+def library_branch_sets(function: str) -> list[dict[str, str]]:
+    """The branches a library explanation function gives (``lesson.explain(v, **tf32_texts(facts, size=n))``), for
+    every device of tests/device_figures.py: what they say there is tests/test_precision_replay.py's to check."""
+    from course_lib.perf import precision
+    from course_lib.perf.kernel_time import KernelShare
+    from device_figures import CPUS, GPUS
+
+    devices = [*GPUS.values(), *CPUS.values()]
+    if function == "tf32_texts":
+        return [precision.tf32_texts(facts, size=4096) for facts in devices]
+    shares = [None, *({low: KernelShare(1e-3, k), "fp32": KernelShare(1e-3, k)} for k in (1e-4, 9e-4)
+                      for low in ("bf16", "fp16"))]
+    return [precision.precision_speed_texts(facts, low=facts.fast_low_precision, busy=busy)
+            for facts in devices for busy in shares]
+
+
+LIBRARY_TEXTS = ("precision_speed_texts", "tf32_texts")
+
+
 @pytest.mark.parametrize("where,call", EXPLAIN_CALLS, ids=[w for w, _ in EXPLAIN_CALLS])
 def test_every_branch_of_every_explanation_agrees_with_its_verdict(where: str, call: ast.Call) -> None:
     keywords = {k.arg: k.value for k in call.keywords if k.arg is not None}
     branches = {}
     assert "busy" not in keywords, f"{where}: a busy machine is no longer an outcome; remove busy="
-    for name in ("faster", "slower", "too_close"):
-        node = keywords.get(name)
-        assert node is not None, f"{where}: explain() has no {name}= branch"
-        assert isinstance(node, ast.Constant) and isinstance(node.value, str), (
-            f"{where}: the {name}= text must be a plain string template (fill numbers from the verdict's fields)"
-        )
-        assert not HARD_CODED.search(node.value), f"{where}: {name}= text hard-codes a ratio: {node.value!r}"
-        branches[name] = node.value
+    splats = [k.value for k in call.keywords if k.arg is None]
+    if splats:  # the branches come from a library function of the device's facts
+        function = splats[0].func.id if isinstance(splats[0], ast.Call) and isinstance(splats[0].func, ast.Name) else ""
+        typed = keywords.keys() & {"faster", "slower", "too_close"}
+        assert len(splats) == 1 and function in LIBRARY_TEXTS and not typed, (
+            f"{where}: branches passed with ** must all come from one of {LIBRARY_TEXTS}")
+        branch_sets = library_branch_sets(function)
+    else:
+        for name in ("faster", "slower", "too_close"):
+            node = keywords.get(name)
+            assert node is not None, f"{where}: explain() has no {name}= branch"
+            assert isinstance(node, ast.Constant) and isinstance(node.value, str), (
+                f"{where}: the {name}= text must be a plain string template (fill numbers from the verdict's fields)"
+            )
+            assert not HARD_CODED.search(node.value), f"{where}: {name}= text hard-codes a ratio: {node.value!r}"
+            branches[name] = node.value
+        branch_sets = [branches]
     values = {k: f"<{k}>" for k in keywords if k not in ("faster", "slower", "too_close")}
+    for branches in branch_sets:
+        check_branches(where, branches, values)
+
+
+def check_branches(where: str, branches: dict[str, str], values: dict[str, str]) -> None:
+    """Each outcome's branch, rendered for a synthetic verdict of that outcome, leads with the verdict's sentence,
+    shows only its own branch and does not contradict it."""
     for outcome, (a_times, b_times) in SYNTHETIC.items():
         verdict = verdict_from_times(Measurement("A", a_times), Measurement("B", b_times))
         assert verdict.outcome == outcome

@@ -1,18 +1,15 @@
 """The size for the device (course_lib/perf/sizing.py): on every GPU class each timed call meets the rule, counted
-on the ``meta`` device for figures of devices this machine does not have; on the CPU nothing changes.
-
-The H200's figures are those of the GPU evidence (lesson 14's sweep on an H200, 2026-12-04: fp32 50.7, bf16 758,
-fp16 744 TFLOP/s, 4307 GB/s; lesson 14's fifty small calls cost 12.2 µs each). The T4 and A100 are built from their
-public datasheets (dense tensor-core and fp32 peaks, memory, bandwidth) with a launch cost of a few µs.
-"""
+on the ``meta`` device for figures of devices this machine does not have (tests/device_figures.py: the H200 of the
+GPU evidence, T4-, L4- and A100-like datasheet figures); on the CPU nothing changes."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from course_lib.perf import sizing
-from course_lib.perf.device_facts import DeviceFacts
 from course_lib.perf.sizing import (
     Work,
     count_work,
@@ -27,21 +24,11 @@ from course_lib.perf.sizing import (
     sizes_for,
     timed_calls,
 )
+from device_figures import A100, CPU_PLAIN, H200, H200_FAST_LAUNCH, L4, T4
 
-H200 = DeviceFacts(kind="cuda", name="NVIDIA H200", memory_bytes=150_754_000_000, capability=(9, 0),
-                   matmul={"float32": 50.668e12, "bfloat16": 758.09e12, "float16": 744.26e12},
-                   bandwidth=4307.3e9, launch_s=12.2e-6)
-H200_FAST_LAUNCH = DeviceFacts(**{**H200.__dict__, "launch_s": 5e-6})
-T4 = DeviceFacts(kind="cuda", name="Tesla T4", memory_bytes=15 * 2**30, capability=(7, 5),
-                 matmul={"float32": 8.1e12, "float16": 65e12}, bandwidth=320e9, launch_s=8e-6)
-L4 = DeviceFacts(kind="cuda", name="NVIDIA L4", memory_bytes=22 * 2**30, capability=(8, 9),
-                 matmul={"float32": 30.3e12, "bfloat16": 121e12, "float16": 121e12}, bandwidth=300e9, launch_s=7e-6)
-A100 = DeviceFacts(kind="cuda", name="NVIDIA A100-SXM4-40GB", memory_bytes=40 * 2**30, capability=(8, 0),
-                   matmul={"float32": 19.5e12, "bfloat16": 312e12, "float16": 312e12}, bandwidth=1555e9,
-                   launch_s=6e-6)
 GPUS = {"H200": (H200, "large-gpu"), "H200, 5 µs launch": (H200_FAST_LAUNCH, "large-gpu"), "T4": (T4, "small-gpu"),
         "L4": (L4, "small-gpu"), "A100": (A100, "large-gpu")}
-CPU = DeviceFacts(kind="cpu", name="a laptop CPU", memory_bytes=16 * 2**30, cpu_flags=frozenset({"avx2"}))
+CPU = CPU_PLAIN
 
 
 @pytest.mark.parametrize("name", list(GPUS))
@@ -84,16 +71,15 @@ def test_the_cpu_keeps_the_sizes_the_lessons_always_used(monkeypatch: pytest.Mon
 
 
 def test_the_class_and_sizes_come_from_figures_not_the_name() -> None:
-    small_h200 = DeviceFacts(**{**H200.__dict__, "memory_bytes": 16 * 2**30})
+    small_h200 = dataclasses.replace(H200, memory_bytes=16 * 2**30)
     assert device_class(small_h200) == "small-gpu"
-    slow_launch = DeviceFacts(**{**A100.__dict__, "launch_s": 60e-6})  # 50 launches: 3 ms
+    slow_launch = dataclasses.replace(A100, launch_s=60e-6)  # 50 launches: 3 ms
     assert min_call_seconds(slow_launch) == pytest.approx(3e-3)
     big, small = sizes_for(slow_launch), sizes_for(A100)
     assert (big.precision_width, big.precision_batch) > (small.precision_width, small.precision_batch)
     for work in timed_calls(big, slow_launch).values():
         assert meets_rule(work, slow_launch)
-    faster = DeviceFacts(**{**A100.__dict__, "matmul": {k: 4 * v for k, v in A100.matmul.items()},
-                            "bandwidth": 4 * A100.bandwidth})
+    faster = dataclasses.replace(A100, matmul={k: 4 * v for k, v in A100.matmul.items()}, bandwidth=4 * A100.bandwidth)
     assert sizes_for(faster).precision_batch > small.precision_batch
 
 

@@ -94,24 +94,30 @@ class DeviceFacts:
 
     @property
     def low_precision_units(self) -> str:
-        """What this device has for low-precision matrix math, in words that fit it."""
+        """What this device has for low-precision matrix math, in words that fit it (``"bf16 and fp16 tensor cores
+        (compute capability 9.0)"``, ``"no bf16 matrix units (it reports neither avx512_bf16 nor amx_bf16)"``)."""
         if self.kind == "cuda":
-            cc = self._capability_text()
             if self.capability is None:
-                return f"a CUDA GPU of unknown compute capability ({self.name})"
+                return "tensor cores of an unknown compute capability"
+            cc = f"compute capability {self._capability_text()}"
             if self.capability >= (8, 0):
-                return f"bf16 and fp16 tensor cores ({self.name}, compute capability {cc})"
+                return f"bf16 and fp16 tensor cores ({cc})"
             if self.capability >= (7, 0):
-                return f"fp16 tensor cores but no bf16 ones ({self.name}, compute capability {cc})"
-            return f"no tensor cores ({self.name}, compute capability {cc})"
+                return f"fp16 tensor cores but no bf16 ones ({cc})"
+            return f"no tensor cores ({cc})"
         if self.kind == "mps":
-            return f"an Apple GPU ({self.name}), whose bf16 speed depends on the chip"
+            return "Apple GPU cores, whose bf16 speed depends on the chip"
         if self.cpu_flags is None:
-            return "a CPU whose feature flags the operating system does not list"
+            return "bf16 support this machine does not report (the operating system lists no CPU flags)"
         found = sorted(self.cpu_flags & set(CPU_BF16_FLAGS))
         if found:
-            return f"a CPU that reports {' and '.join(found)} (bf16 matrix instructions)"
-        return f"a CPU that reports no bf16 matrix units (neither {' nor '.join(CPU_BF16_FLAGS)})"
+            return f"bf16 matrix instructions (it reports {' and '.join(found)})"
+        return f"no bf16 matrix units (it reports neither {' nor '.join(CPU_BF16_FLAGS)})"
+
+    @property
+    def cpu_bf16_units(self) -> bool:
+        """A CPU that reports bf16 matrix instructions (AVX512-BF16 or AMX)."""
+        return self.kind == "cpu" and bool(self.cpu_flags and self.cpu_flags & set(CPU_BF16_FLAGS))
 
     @property
     def fastest_roof(self) -> float | None:
@@ -207,6 +213,8 @@ def device_facts(device: torch.device | str, *, progress: bool = True) -> Device
     On a GPU the ceiling is measured when no cache holds it (:func:`~course_lib.perf.ceiling.cached_ceiling`,
     seconds on a data-centre GPU): sizing needs it. On a CPU only an existing cache is read: the CPU's sizes do not
     depend on it, and its sweep would add seconds to every lesson.
+
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
     """
     import psutil
 

@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import copy
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from course_lib import clock
 from course_lib.device import autocast, resolve_amp_dtype, synchronize
+from course_lib.perf.device_facts import DeviceFacts
+from course_lib.perf.kernel_time import KernelShare
 from course_lib.train.evaluate import evaluate
 from course_lib.train.loss import mean_cross_entropy
 
@@ -375,7 +377,163 @@ def grad_scaler_demo(
     return rows
 
 
+# --------------------------------------------------------------------------------------------------------
+# Explaining a speed verdict from the device's facts
+# --------------------------------------------------------------------------------------------------------
+def _literal(text: str) -> str:
+    """``text`` safe inside an explanation template (a brace in a device name is not a field)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _roofs_clause(facts: DeviceFacts, low: str) -> str:
+    """``"; measured matmul roofs: bf16 758 TFLOP/s vs fp32 50.7 TFLOP/s (15x)"``, or ``""`` when not measured."""
+    ratio = facts.roof_ratio(low)
+    if ratio is None:
+        return ""
+    names = {"bf16": "bfloat16", "fp16": "float16"}
+    high, base = facts.matmul[names[low]], facts.matmul["float32"]
+    return (f"; measured matmul roofs: {low} {high / 1e12:,.3g} TFLOP/s vs fp32 {base / 1e12:,.3g} TFLOP/s "
+            f"({ratio:,.2g}x)")
+
+
+def _busy_clause(busy: Mapping[str, KernelShare], low: str) -> str:
+    """What the profiler saw, e.g. ``"the profiler saw the GPU running kernels for 12% of the bf16 step's wall time
+    and 30% of the fp32 step's"``."""
+    parts = [f"{busy[name].share:.0%} of the {name} step's wall time" if i == 0 else f"{busy[name].share:.0%} of the "
+             f"{name} step's" for i, name in enumerate(n for n in (low, "fp32") if n in busy)]
+    return "the profiler saw the GPU running kernels for " + " and ".join(parts)
+
+
+def _has_fast_units(facts: DeviceFacts, low: str) -> bool:
+    """Tensor cores for ``low``: bf16 from compute capability 8.0, fp16 from 7.0."""
+    if facts.kind != "cuda" or facts.capability is None:
+        return False
+    return facts.capability >= ((8, 0) if low == "bf16" else (7, 0))
+
+
+def precision_speed_texts(facts: DeviceFacts, *, low: str = "bf16",
+                          busy: Mapping[str, KernelShare] | None = None) -> dict[str, str]:
+    """The three explanations of lesson 05's step verdict ``low`` vs ``"fp32"``, for
+    ``lesson.explain(verdict, **precision_speed_texts(facts, low=..., busy=...))``.
+
+    ``facts``: the device's reported and measured facts (:mod:`course_lib.perf.device_facts`); ``busy``: the
+    profiler's kernel share of each precision's step (:func:`~course_lib.perf.kernel_time.kernel_share`), ``None``
+    where there is none (a CPU, or not measured). The texts name what this device has (tensor cores and measured
+    roofs on a GPU, bf16 instructions on a CPU), say "overhead-bound" only when the kernel share says so, and never
+    advise keeping fp32 where the hardware has fast ``low`` units or the step was overhead-bound.
+
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
+    """
+    if low not in ("bf16", "fp16"):
+        raise ValueError(f"low={low!r} must be 'bf16' or 'fp16' (the autocast dtype timed against fp32).")
+    units = _literal(facts.low_precision_units)
+    if facts.kind == "cpu":
+        casts = ("the casts autocast adds (every weight and activation converted on the way in, results converted "
+                 "back for fp32 ops)")
+        if facts.cpu_bf16_units and low == "bf16":
+            return {
+                "faster": f"This CPU has {units}, and that gain outweighed {casts}.",
+                "slower": f"This CPU has {units}, yet the {low} step was slower: at this model's size {casts} "
+                          f"outweighed what the {low} instructions saved.",
+                "too_close": f"This CPU has {units}, and at this model's size what they save and {casts} roughly "
+                             f"cancel out: no speed reason for {low} here, and none against it.",
+            }
+        return {
+            "faster": f"{low} won on this CPU although it has {units}: its kernels move half the bytes of fp32's, "
+                      f"which outweighed {casts}.",
+            "slower": f"This CPU has {units}, so the {low} kernels did not make up for {casts}: low precision cost "
+                      f"time here. Keep fp32 for speed on this machine; {low} pays off where the hardware has fast "
+                      f"{low} units.",
+            "too_close": f"This CPU has {units}: the {low} kernels and {casts} roughly cancel out, so there is no "
+                         f"speed reason for {low} here, and none against it.",
+        }
+    has = f"This GPU ({_literal(facts.name)}) has {units}{_roofs_clause(facts, low)}"
+    fast = _has_fast_units(facts, low)
+    overhead = bool(busy) and low in busy and busy[low].overhead_bound
+    kernels_busy = bool(busy) and low in busy and not busy[low].overhead_bound
+    cure = ("Faster arithmetic cannot show until each step gives the GPU more work (a larger batch or model) or "
+            "fewer launches (torch.compile, CUDA graphs: lesson 07).")
+    if overhead:
+        bound = (f"{_busy_clause(busy, low)}: the step is **overhead-bound**. Python, the dispatcher and kernel "
+                 f"launches set its time, not the {low} or fp32 arithmetic, and autocast's casts are extra kernels "
+                 f"to launch. {cure}")
+        return {
+            "faster": f"{has}. The {low} step won, although {bound}",
+            "slower": f"{has}, so its {low} kernels are not what made the step slower: {bound}",
+            "too_close": f"{has}, yet both precisions took the same time: {bound}",
+        }
+    busy_sentence = f" ({_busy_clause(busy, low)})" if kernels_busy else ""
+    if not fast:
+        return {
+            "faster": f"{has}. {low} still won{busy_sentence}: its kernels move half the bytes of fp32's, which a "
+                      "memory-bound step feels even without fast matrix units.",
+            "slower": f"{has}: {low} has no faster matrix units here{busy_sentence}, so autocast's casts are pure "
+                      f"cost. Keep fp32 for speed on this GPU; {low} still halves the activations' memory.",
+            "too_close": f"{has}: {low} has no faster matrix units here{busy_sentence}, and what its smaller bytes "
+                         "save the casts cost.",
+        }
+    not_matmul = ("so its time is not in matmul arithmetic but in kernels that tensor cores do not speed up: "
+                  "autocast's casts, normalisation and pointwise operations, the optimizer, all moving bytes")
+    if kernels_busy:
+        why_not = (f"{_busy_clause(busy, low)}: the kernels set the time, {not_matmul}. Lesson 07's profiler "
+                   "table, sorted by device time, shows which kernels grew.")
+    else:
+        why_not = ("a step that does not gain from them spends its time elsewhere: in launching kernels (overhead) "
+                   "or in kernels tensor cores do not speed up (casts, normalisation, the optimizer). The profiler's "
+                   "kernel time against the step's wall time tells which (lesson 07).")
+    return {
+        "faster": f"{has}, and this step gave them enough work: autocast's {low} matmuls and convolutions outran the "
+                  f"casts it adds around them{busy_sentence}.",
+        "slower": f"{has}, yet the {low} step was slower: {why_not}",
+        "too_close": f"{has}, yet both precisions took the same time: {why_not}",
+    }
+
+
+def tf32_texts(facts: DeviceFacts, *, size: int) -> dict[str, str]:
+    """The three explanations of lesson 05's ``"high" (TF32 allowed)`` vs ``"highest" (strict fp32)`` verdict on a
+    ``size`` x ``size`` matmul, in the words of this device (TF32 is NVIDIA's, from Ampere on; on a CPU "high" can
+    only let the math library use a reduced-precision fp32 mode of its own).
+
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
+    """
+    units, name = _literal(facts.low_precision_units), _literal(facts.name)
+    shape = f"{size}x{size}"
+    if facts.kind == "cpu":
+        return {
+            "faster": "Allowing a lower-precision matmul paid off on this CPU. That is not TF32, which only NVIDIA "
+                      "GPUs have, but the math library's own reduced-precision fp32 mode, if it has one; if it has "
+                      "none, the difference is load that changed between rounds, so run the cell again before "
+                      "believing it.",
+            "slower": "The strict setting was faster, which no precision setting explains: on this CPU both run the "
+                      "same kind of kernel, so this is background load hitting one side's rounds more. Run the cell "
+                      "again: expect no real difference.",
+            "too_close": "As expected on a CPU: TF32 exists only on NVIDIA GPUs, so both settings run the same fp32 "
+                         "kernels and only noise separates them.",
+        }
+    gpu = f"this GPU ({name}: {units})"
+    if facts.has_tf32:
+        return {
+            "faster": f"TF32 ran this {shape} fp32 matmul on the tensor cores of {gpu}: the operands stay fp32, and "
+                      "each product is computed with a 10-bit mantissa, which the tensor cores do several times "
+                      "faster than strict fp32 arithmetic.",
+            "slower": f"The strict setting was faster at {shape}, which the TF32 tensor cores of {gpu} do not "
+                      "explain: run the cell again; if it repeats, the profiler (lesson 07) shows which matmul "
+                      "kernel each setting chose.",
+            "too_close": f"At {shape} the two settings ran alike, although {gpu} has TF32 tensor cores: TF32 did not "
+                         "apply (check `torch.backends.cuda.matmul.allow_tf32` and the matmul precision), or the "
+                         "call is too small to keep the tensor cores busy. Run the cell again.",
+        }
+    noise = (f"{gpu[0].upper()}{gpu[1:]} has no TF32, which needs compute capability 8.0: both settings run the same "
+             "fp32 kernels, so this difference is load that changed between rounds. Run the cell again.")
+    return {
+        "faster": noise,
+        "slower": noise,
+        "too_close": f"As expected: {gpu} has no TF32, which needs compute capability 8.0, so both settings run the "
+                     "same fp32 kernels.",
+    }
+
+
 __all__ = [
     "PRECISIONS", "amp_dtype_of", "saved_activation_bytes", "precision_steps", "compare_precisions", "format_rows",
-    "grad_scaler_demo",
+    "grad_scaler_demo", "precision_speed_texts", "tf32_texts",
 ]
