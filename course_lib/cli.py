@@ -12,6 +12,7 @@ those; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -65,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nerror: interrupted (Ctrl-C); `{command}` stopped before it finished: run it again.",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `course progress | head`: the reader has what it wanted; nothing went wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit stays quiet
+        return 0
     except Exception as exc:
         line = expected_error_line(exc)
         if line is None:

@@ -60,16 +60,52 @@ def load(where: Path | None = None) -> dict[str, Any]:
             not isinstance(data.get("exercises"), dict):
         _set_aside(where, ValueError("not a progress journal"))
         return _empty()
-    return data
+    clean, dropped = _valid_entries(data)
+    if dropped:
+        _set_aside(where, ValueError(f"malformed entries: {', '.join(dropped)}"), kept_entries=clean)
+        try:  # the good entries carry on in a new journal
+            atomic.write_text(where, json.dumps(clean, indent=1, sort_keys=True) + "\n")
+        except OSError:
+            pass
+    return clean
 
 
-def _set_aside(where: Path, why: Exception) -> None:
+def _valid_lesson(entry: Any) -> bool:
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k, ""), str) for k in ("run", "mode")):
+        return False
+    predictions = entry.get("predictions", {})
+    return isinstance(predictions, dict) and all(
+        isinstance(answer, dict) and isinstance(answer.get("answer", ""), str)
+        and answer.get("matched") in (True, False, None) for answer in predictions.values())
+
+
+def _valid_exercise(entry: Any) -> bool:
+    return (isinstance(entry, dict) and all(type(entry.get(k)) is int for k in ("earned", "possible"))
+            and isinstance(entry.get("at", ""), str))
+
+
+def _valid_entries(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The journal with only the entries every reader can use, and the names of those left out."""
+    lessons = {k: v for k, v in data["lessons"].items() if _valid_lesson(v)}
+    exercises = {k: v for k, v in data["exercises"].items() if _valid_exercise(v)}
+    dropped = [f"lesson {k}" for k in data["lessons"] if k not in lessons]
+    dropped += [f"exercise {k}" for k in data["exercises"] if k not in exercises]
+    return {**data, "lessons": lessons, "exercises": exercises}, dropped
+
+
+def _set_aside(where: Path, why: Exception, kept_entries: dict[str, Any] | None = None) -> None:
+    """Move the file to ``<name>.damaged`` and say so in one line: what was wrong and what the learner loses."""
     try:
         os.replace(where, where.with_name(where.name + ".damaged"))
-        kept = f"kept as {where.name}.damaged"
+        kept = f"the file is kept as {where.name}.damaged"
     except OSError:
-        kept = "left as it is"
-    print(f"course progress: {where} could not be read ({why}); starting a new journal ({kept}).", file=sys.stderr)
+        kept = "the file is left as it is"
+    if kept_entries is None:
+        lost = "starting a new journal: the lessons and scores it recorded are no longer shown"
+    else:
+        lost = (f"a new journal keeps its {len(kept_entries['lessons'])} good lesson(s) and "
+                f"{len(kept_entries['exercises'])} good exercise(s); the malformed entries are no longer shown")
+    print(f"course progress: {where} could not be read ({why}): {lost}; {kept}.", file=sys.stderr)
 
 
 @contextmanager

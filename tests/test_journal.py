@@ -76,6 +76,32 @@ def test_a_damaged_journal_costs_one_line_and_is_kept_aside(fresh: Path, damage:
     assert fresh.with_name("progress.json.damaged").read_text(errors="surrogateescape") == damage
 
 
+@pytest.mark.parametrize("damage", [
+    {"lessons": {"03_modules": "yes"}},                                       # seen: stopped every set-up cell
+    {"exercises": {"05": {"earned": 3, "at": "2026-12-01T10:00"}}},           # no `possible`: KeyError in `progress`
+    {"lessons": {"05_mixed_precision": {"predictions": {"q": "faster"}}}},
+    {"exercises": {"07": {"earned": "3", "possible": 5}}},
+])
+def test_a_malformed_entry_is_set_aside_and_the_good_ones_kept(fresh: Path, damage: dict, monkeypatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    good = {"lessons": {"01_bottleneck": {"run": "2026-12-01T09:00:00+00:00", "mode": "full"}},
+            "exercises": {"02": {"earned": 2, "possible": 4, "at": "2026-12-01T09:30:00+00:00"}}}
+    data = {"version": 1, "lessons": {**good["lessons"], **damage.get("lessons", {})},
+            "exercises": {**good["exercises"], **damage.get("exercises", {})}}
+    fresh.parent.mkdir(parents=True)
+    fresh.write_text(json.dumps(data))
+    summary = journal.summary_markdown()  # what `course progress` and lesson 00 show: no exception
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "malformed entries" in err and "progress.json.damaged" in err, err
+    assert "| 01_bottleneck | 2026-12-01 09:00 (full mode)" in summary and "2/4 points" in summary
+    assert journal.load() == {"version": 1, **good}  # the good entries carry on, on disk too
+    assert json.loads(fresh.with_name("progress.json.damaged").read_text()) == data
+    monkeypatch.setenv("COURSE_UNATTENDED", "0")
+    monkeypatch.setenv("JPY_SESSION_NAME", "course/notebooks/03_modules.ipynb")
+    journal.lesson_run()  # a set-up cell records as usual
+    assert "03_modules" in journal.load()["lessons"]
+
+
 def test_an_unwritable_journal_never_stops_anything(fresh: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fresh.parent.parent.mkdir(parents=True)
     fresh.parent.write_text("a file where the folder should be")
@@ -106,3 +132,21 @@ def test_running_a_lesson_and_an_exercise_in_a_kernel_shows_in_the_progress_view
     exercise = next(line for line in out.splitlines() if line.startswith("| 05_lr_schedule |"))
     possible = sum(c.points for c in checks_for("05"))
     assert f"| {possible}/{possible} points," in exercise
+
+
+def test_progress_piped_into_head_says_nothing_on_stderr(tmp_path: Path) -> None:
+    """Seen: `course progress | head` printed "error: Broken pipe". Here the reader is gone before the first write
+    (a closed pipe), which `head` only sometimes is: the same error, every time."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {**os.environ, "COURSE_PROGRESS_FILE": str(tmp_path / "progress.json")}
+    try:
+        done = subprocess.run([sys.executable, "-m", "course_lib", "progress"], stdout=write_end,
+                              stderr=subprocess.PIPE, env=env, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
