@@ -386,8 +386,8 @@ def grade_notebook(path: Path | None, exercise: str | int, *, timeout_s: float =
             hint = "does your code call os._exit or sys.exit, kill its own process, use too much memory or print " \
                    "too much?" + (f" last output: {tail}" if tail else "")
         if heard != READY:  # the handshake never happened: what the notebook wrote while it loaded is not judged
-            missing = ("the grading process ended before the grader handed it this run's inputs (it never got as "
-                       "far as the checks)" if returncode is not None else
+            missing = (f"the grading process ended before the grader handed it this run's inputs (exit code "
+                       f"{returncode}): it never got as far as the checks" if returncode is not None else
                        f"timed out after {timeout_s:g} s while the notebook was still loading, before the checks")
         results, observations = [], []
         for index, check in enumerate(checks):
