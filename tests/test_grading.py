@@ -524,6 +524,20 @@ def test_renamed_copies_are_found_and_named_in_a_note(tmp_path: Path) -> None:
     assert renamed_note(found["07"]) == ""
 
 
+@pytest.mark.parametrize("name", ["Copy of 05_lr_schedule.ipynb", "05_lr_schedule-1.ipynb",
+                                  "05_lr_schedule (1) (1).ipynb", "Copy of 05_lr_schedule (2).ipynb",
+                                  "05_lr_schedule copy 2.ipynb", "05_lr_schedule-2 (1).ipynb"])
+def test_names_platforms_give_hand_ins_are_found(tmp_path: Path, name: str) -> None:
+    """Seen: Colab's "Copy of", Canvas's resubmission "-1" and a twice-downloaded "(1) (1)" scored 0 as missing."""
+    from course_lib.grading.runner import find_notebooks, renamed_note
+
+    (tmp_path / name).write_text("{}")
+    (tmp_path / "notes-1.ipynb").write_text("{}")
+    found = find_notebooks(tmp_path)
+    assert {n: p.name for n, p in found.items()} == {"05": name}
+    assert renamed_note(found["05"]).endswith("a renamed copy: hand it in as 05_lr_schedule.ipynb")
+
+
 def test_csv_cells_never_run_as_spreadsheet_formulas(tmp_path: Path) -> None:
     from course_lib.grading.api import CheckResult
     from course_lib.grading.grade import write_csv

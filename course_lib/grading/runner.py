@@ -82,8 +82,10 @@ class NotebookGrade:
         return sum(r.points for r in self.results)
 
 
-# What a browser or a file manager makes of NN_topic.ipynb when a file of that name is already there.
-RENAMED_COPY = re.compile(r"^(?P<number>\d\d)_(?P<topic>[A-Za-z0-9_]+)(?: ?\(\d+\)| - Copy| copy(?: \d+)?)\.ipynb$")
+# What browsers, file managers and platforms make of NN_topic.ipynb: a second download "(1)", again "(1) (1)";
+# Windows' " - Copy"; macOS's " copy 2"; Colab's "Copy of "; Canvas's resubmission "-1".
+RENAMED_COPY = re.compile(r"^(?:Copy of )*(?P<number>\d\d)_(?P<topic>[A-Za-z0-9_]+)"
+                          r"(?: ?\(\d+\)| - Copy| copy(?: \d+)?|-\d+)*\.ipynb$")
 
 
 def find_notebooks(folder: Path) -> dict[str, Path]:
