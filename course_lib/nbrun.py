@@ -12,7 +12,9 @@ Used by the course website (:func:`course_lib.website.execute`) and by the tests
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from queue import Empty
 from typing import Any
 
@@ -45,3 +47,17 @@ class NotebookRunner(NotebookClient):
         for channel in (client.shell_channel, client.iopub_channel):
             channel.get_msg = _sliced(channel.get_msg)
         return client
+
+
+def unattended_env(notebook: Path) -> dict[str, str]:
+    """The environment a notebook's kernel gets when a script executes it: this process's, minus what would change it.
+
+    The kernel gets Jupyter's inline backend, so plots become images in the saved notebook (a non-interactive backend
+    set for scripts or tests, ``MPLBACKEND=Agg``, would leave the figures out); nobody answers the lessons' questions,
+    so each reveal is written out in full (``COURSE_UNATTENDED``); and the kernel is told the notebook's name, as
+    Jupyter Server tells it (``JPY_SESSION_NAME``), so a claim log names the lesson.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    env["COURSE_UNATTENDED"] = "1"
+    env["JPY_SESSION_NAME"] = Path(notebook).name
+    return env

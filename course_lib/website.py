@@ -117,7 +117,7 @@ def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 
     import nbformat
     from nbclient.exceptions import CellExecutionError
 
-    from course_lib.nbrun import NotebookRunner
+    from course_lib.nbrun import NotebookRunner, unattended_env
 
     out, key_file = out_dir / lesson.name, out_dir / f"{lesson.stem}.key"
     key = execution_key(lesson, mode.mode())
@@ -126,11 +126,7 @@ def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 
     nb = nbformat.read(lesson, as_version=4)
     client = NotebookRunner(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(lesson.parent)}})
-    # The kernel gets Jupyter's inline backend, so plots become images in the page; a non-interactive backend set for
-    # scripts or tests (MPLBACKEND=Agg) would leave the figures out.
-    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
-    env["COURSE_UNATTENDED"] = "1"  # nobody answers a page's questions: each reveal is written out in full
-    env["JPY_SESSION_NAME"] = lesson.name  # what Jupyter Server tells a kernel: the claim log names the lesson
+    env = unattended_env(lesson)  # plots as images, each reveal written out, the lesson named in the claim log
     claim_log = claim_log_of(out_dir, lesson)
     claim_log.unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)

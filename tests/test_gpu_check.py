@@ -13,24 +13,33 @@ import sys
 import time
 from pathlib import Path
 
+import nbformat
 import psutil
 import pytest
 import torch
 
 from course_lib import clock, gpu_check
 from course_lib.gpu_check import (
+    CUT_SHORT,
     FAILED,
+    LIMIT_ENV,
+    NOT_RUN,
     PASSED,
     SKIPPED,
     TIMEOUT,
+    LessonRun,
     Part,
     Row,
+    execute_full_mode,
     format_table,
+    full_mode_order,
+    run_full_lessons,
     run_parts,
     slug,
     summarise_bench,
     summarise_command,
     summarise_grading,
+    summarise_lessons,
     summarise_pytest,
 )
 from course_lib.perf import mfu as mfu_mod
@@ -274,6 +283,131 @@ def test_a_part_left_without_budget_is_skipped_with_the_reason(tmp_path: Path,
     assert not (tmp_path / "late.log").exists()
 
 
+# ------------------------------------------------------------------------------------------------ lessons in full mode
+def test_the_lessons_a_gpu_changes_most_run_first() -> None:
+    lessons = [Path(f"notebooks/{n:02d}_x.ipynb") for n in range(15)]
+    order = [p.name[:2] for p in full_mode_order(lessons)]
+    assert order[:6] == ["05", "14", "07", "11", "08", "12"]
+    assert order[6:] == ["00", "01", "02", "03", "04", "06", "09", "10", "13"] and sorted(order) == sorted(set(order))
+
+
+def test_lessons_that_do_not_fit_the_budget_are_not_run_not_failed(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+    monkeypatch.setattr(clock, "wall", lambda: now[0])
+    started: list[tuple[str, float]] = []
+
+    def execute(lesson: Path, out_dir: Path, deadline: float) -> LessonRun:
+        started.append((lesson.stem, deadline))
+        now[0] += 100.0  # every lesson takes 100 s
+        return LessonRun(lesson.stem, PASSED, 100.0, claims=3)
+
+    lessons = [Path(f"{n:02d}_x.ipynb") for n in (5, 14, 7, 11)]
+    runs = run_full_lessons(lessons, tmp_path, limit_s=300, execute=execute, log=lambda _: None)
+    # 300 s less the 10 s reserve: starts at 0, 100 and 200 s (90 s left >= 30); at 300 s nothing is left.
+    assert [(r.lesson, r.status) for r in runs] == [("05_x", PASSED), ("14_x", PASSED), ("07_x", PASSED),
+                                                    ("11_x", NOT_RUN)]
+    assert {deadline for _, deadline in started} == {290.0}, "every lesson is stopped at the part's limit"
+    assert runs[3].detail == "0 s left of the part's 300 s"
+    status, detail = summarise_lessons(tmp_path)("", 0)
+    assert status == PASSED, detail
+    assert detail == "3 passed (05, 14, 07), 1 not run (time budget); 9 claims checked, 0 inconsistent"
+
+
+def test_a_failed_lesson_or_an_inconsistent_claim_fails_the_part(tmp_path: Path) -> None:
+    runs = [LessonRun("05_mixed_precision", PASSED, 30.0, claims=4),
+            LessonRun("14_ceiling", FAILED, 50.0, "1 inconsistent claim(s): line 3: the rounds give 'slower'",
+                      claims=6, inconsistencies=["line 3: the rounds give 'slower'"]),
+            LessonRun("07_compile_profiler", CUT_SHORT, 40.0, "stopped at the part's time limit", claims=1),
+            LessonRun("11_capstone", NOT_RUN, 0.0, "12 s left of the part's 300 s")]
+    (tmp_path / "lessons.json").write_text(json.dumps([vars(r) for r in runs]))
+    status, detail = summarise_lessons(tmp_path)("", 1)
+    assert status == FAILED
+    assert detail == ("1 passed (05), 1 FAILED (14), 1 cut short (07), 1 not run (time budget); 11 claims checked, "
+                      "1 inconsistent; 14_ceiling: 1 inconsistent claim(s): line 3: the rounds give 'slower'")
+    assert summarise_lessons(tmp_path / "nothing")("Traceback ... boom", 1) == (FAILED,
+                                                                               "no results written; Traceback ... boom")
+    text = gpu_check.to_markdown([Row("lessons in full mode", FAILED, 120.0, detail)], {"name": "cpu"}, wall_s=1.0,
+                                 argv=[], bench=None, log_dir=Path("logs"), lessons=[vars(r) for r in runs],
+                                 lessons_dir=tmp_path)
+    assert "## Lessons in full mode" in text and "| 14_ceiling | FAILED | 50 s | 6, 1 inconsistent |" in text
+    assert "| 11_capstone | not run | 0 s |  | 12 s left of the part's 300 s |" in text
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources]), path)
+    return path
+
+
+@pytest.mark.slow
+def test_a_lesson_in_full_mode_is_executed_saved_logged_and_its_claims_checked(tmp_path: Path) -> None:
+    """Real kernels on tiny notebooks: a lesson that passes, one whose claim log is inconsistent, one that raises,
+    and one still running at the limit."""
+    lessons, out = tmp_path / "notebooks", tmp_path / "out"
+    lessons.mkdir()
+    out.mkdir()
+    ok = _notebook(lessons / "01_ok.ipynb",
+                   "import os\nprint(os.environ['COURSE_MODE'], os.environ['JPY_SESSION_NAME'])")
+    bad_claim = _notebook(lessons / "02_claim.ipynb",
+                          "import json, os\nlog = open(os.environ['COURSE_CLAIM_LOG'], 'a')\n"
+                          "log.write(json.dumps({'a': 'x'}) + '\\n')")
+    error = _notebook(lessons / "03_error.ipynb", "raise ValueError('boom')")
+    slow = _notebook(lessons / "04_slow.ipynb", "import time\ntime.sleep(600)")
+
+    run = execute_full_mode(ok, out, clock.now() + 120)
+    assert (run.status, run.claims, run.detail) == (PASSED, 0, "")
+    saved = nbformat.read(out / "01_ok.ipynb", as_version=4)
+    assert saved.cells[0].outputs[0].text == "full 01_ok.ipynb\n", "full mode, the lesson named"
+    assert "claims check 01_ok.claims.jsonl: 0 claim(s), 0 inconsistencies" in (out / "01_ok.log").read_text()
+
+    run = execute_full_mode(bad_claim, out, clock.now() + 120)
+    assert run.status == FAILED and run.claims == 1
+    assert run.inconsistencies == ["line 1: missing b, outcome, ratio, quantity, a_times, b_times, sentence, band"]
+    assert "1 inconsistent claim(s)" in run.detail
+
+    run = execute_full_mode(error, out, clock.now() + 120)
+    assert run.status == FAILED and run.detail == "ValueError: boom"
+    assert "raise ValueError('boom')" in (out / "03_error.log").read_text() and (out / "03_error.ipynb").is_file()
+
+    run = execute_full_mode(slow, out, clock.now() + 8)
+    assert run.status == CUT_SHORT and run.seconds < 60, run
+    assert (out / "04_slow.ipynb").is_file()
+
+
+def test_each_part_is_told_its_time_limit(tmp_path: Path) -> None:
+    part = Part("limit", "says its limit", _py(f"import os; print(os.environ[{LIMIT_ENV!r}])"), 42, summarise_command)
+    rows = run_parts([part], log_dir=tmp_path, cwd=tmp_path, budget_s=500, log=lambda _: None)
+    assert rows[0].detail == "42"
+
+
+def test_an_optional_part_left_without_time_is_not_run_which_is_no_failure(tmp_path: Path) -> None:
+    parts = [Part("lessons", "lessons in full mode", _py("print('x')"), 300, summarise_command, optional=True)]
+    rows = run_parts(parts, log_dir=tmp_path, cwd=tmp_path, budget_s=5, min_start_s=10, log=lambda _: None)
+    assert rows[0].status == NOT_RUN and rows[0].detail.startswith("not started: 5 s left")
+    assert "| **all** | passed |" in format_table([Row("tests", PASSED, 1.0, "ok"), rows[0]])
+
+
+def test_the_lessons_part_runs_last_alone_and_optional(tmp_path: Path) -> None:
+    parts = gpu_check.default_parts(tmp_path / "logs", lessons_dir=tmp_path / "gpu-x", lessons=["05", "14"])
+    lessons = parts[-1]
+    assert lessons.key == "lessons" and lessons.optional
+    assert lessons.phase > max(p.phase for p in parts[:-1]), "after the benchmark, nothing running beside it"
+    assert lessons.argv[-6:] == ("lessons", "--out", str(tmp_path / "gpu-x"), "--lessons", "05", "14")
+
+
+def test_the_lessons_command_lists_every_lesson_as_not_run_when_no_time_is_left(tmp_path: Path) -> None:
+    out = tmp_path / "gpu-x"
+    out.mkdir()
+    (out / "01_bottleneck.ipynb").write_text("{}")  # an earlier run's
+    proc = subprocess.run([sys.executable, "-m", "course_lib", "gpu-check", "lessons", "--out", str(out), "--lessons",
+                           "14", "5"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**_env_without_gpu(), LIMIT_ENV: "20"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = json.loads((out / "lessons.json").read_text())
+    assert [(r["lesson"], r["status"]) for r in runs] == [("14_ceiling", NOT_RUN), ("05_mixed_precision", NOT_RUN)]
+    assert not (out / "01_bottleneck.ipynb").exists(), "an earlier run's notebook must not pass for this run's"
+
+
 # ------------------------------------------------------------------------------------------------ the command
 def _env_without_gpu() -> dict[str, str]:
     return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
@@ -294,6 +428,9 @@ def test_bad_arguments_are_rejected_before_any_work() -> None:
     assert exc.value.code == 2
     with pytest.raises(SystemExit):
         gpu_check.main(["--only", "everything"])
+    with pytest.raises(SystemExit) as exc:
+        gpu_check.main(["--lessons", "99"])
+    assert exc.value.code == 2
 
 
 @pytest.mark.slow
