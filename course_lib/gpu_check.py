@@ -14,6 +14,7 @@ part             what runs
 ``grading``      ``python -m course_lib check --notebooks solutions``: every solution graded
 ``bench``        ``python -m course_lib bench --quick --only gpu``: GPT-2 small tokens/s and MFU
 ``lessons``      lessons executed in full mode, one at a time, each claim log checked (``claims check``)
+                and held to what the lesson must show on this GPU (``perf/expectations.py``)
 ===============  ==========================================================================================
 
 ``data`` runs first; ``tests``, ``notebooks`` and ``grading`` then run at the same time (they share the machine's
@@ -254,12 +255,31 @@ def execute_full_mode(lesson: Path, out_dir: Path, deadline: float) -> LessonRun
     count, found = claims.check_file(claim_log) if claim_log.is_file() else (0, [])
     if found:
         status, detail = FAILED, "; ".join(filter(None, [detail, f"{len(found)} inconsistent claim(s): {found[0]}"]))
+    missed = expectations_missed(claim_log) if status == PASSED and claim_log.is_file() else []
+    if missed:
+        status, detail = FAILED, f"{len(missed)} expectation(s) not met: {missed[0]}"
     lines = [f"{lesson.name}: {status} in {seconds:.0f} s (full mode){': ' + detail if detail else ''}"]
     lines += [error] if error else []
     lines.append(f"claims check {claim_log.name}: {count} claim(s), {len(found)} inconsistencies")
     lines += found
+    lines += [f"expectation not met: {m}" for m in missed]
     atomic.write_text(out_dir / f"{lesson.stem}.log", "\n".join(lines) + "\n")
     return LessonRun(lesson.stem, status, seconds, _one_line(detail, 300), count, found)
+
+
+def cuda_capability() -> tuple[int, int] | None:
+    """GPU 0's compute capability, ``None`` without a CUDA GPU."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None
+
+
+def expectations_missed(claim_log: Path) -> list[str]:
+    """What the lesson of ``claim_log`` must show on this GPU and did not (course_lib/perf/expectations.py)."""
+    from course_lib.perf import expectations
+
+    shown, lesson = expectations.read_claim_log(claim_log)
+    return [str(m) for m in expectations.check_claims(shown, lessons=[lesson], capability=cuda_capability())]
 
 
 def run_full_lessons(lessons: Sequence[Path], out_dir: Path, *, limit_s: float,
