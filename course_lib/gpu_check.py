@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from course_lib import atomic, clock
+from course_lib.argparsing import CommandParser
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSED, FAILED, TIMEOUT, SKIPPED = "passed", "FAILED", "timeout", "skipped"
@@ -343,8 +344,8 @@ def summarise_lessons(out_dir: Path) -> Callable[[str, int], tuple[str, str]]:
 
 def lessons_main(argv: Sequence[str]) -> int:
     """``python -m course_lib gpu-check lessons --out DIR [--lessons NN ...]``: the lessons part on its own."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib gpu-check lessons",
-                                     description="Execute lessons in full mode and check their claim logs.")
+    parser = CommandParser(prog="python -m course_lib gpu-check lessons",
+                           description="Execute lessons in full mode and check their claim logs.")
     parser.add_argument("--out", type=Path, required=True, help="folder for the executed lessons and their logs")
     parser.add_argument("--lessons", nargs="+", default=[], help="lesson numbers (default: all, GPU-heavy first)")
     args = parser.parse_args(argv)
@@ -584,7 +585,7 @@ def to_markdown(rows: Sequence[Row], device: dict[str, Any], *, wall_s: float, a
 # ------------------------------------------------------------------------------------------------ CLI
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m course_lib gpu-check", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib gpu-check", description=__doc__.splitlines()[0])
     if argv[:1] == ["lessons"]:  # the lessons part's own process (see default_parts)
         return lessons_main(argv[1:])
     keys = ("data", "tests", "notebooks", "grading", "bench", "lessons")
