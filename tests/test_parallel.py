@@ -141,6 +141,42 @@ def test_shards_are_contiguous_cover_everything_and_only_the_last_are_short() ->
         shard_bounds(10, 0)
 
 
+def test_lesson_13_zero_model_has_uneven_shards_and_its_sentence_follows_the_shard_sizes(tmp_path: Path) -> None:
+    """The ZeRO cell's model has an odd parameter count, so its two shards differ (as the lesson says); the reveal
+    renders the shard sizes it was given, equal or not."""
+    import ast
+
+    from course_lib.models import Net
+
+    script, reveal = _lesson_13_cells("ShardedOptimizer(m.parameters()", 'zero.rank*.json')
+    script = "\n".join(line for line in script.splitlines() if not line.startswith("%%"))
+    build = next(node for node in ast.parse(script).body if isinstance(node, ast.FunctionDef) and node.name == "build")
+    namespace: dict[str, Any] = {"torch": torch, "Net": Net}
+    exec(compile(ast.Module(body=[build], type_ignores=[]), "lesson-13-build", "exec"), namespace)
+    numel = sum(p.numel() for p in namespace["build"]().parameters())
+    sizes = [end - start for start, end in shard_bounds(numel, 2)]
+    assert sizes[0] != sizes[1], f"{numel} parameters split evenly on 2 ranks: the lesson promises uneven shards"
+
+    def said(numel: int) -> str:
+        run_dir = tmp_path / str(numel)
+        run_dir.mkdir(exist_ok=True)
+        ranks = [{"rank": r, "numel": numel, "shard": list(bounds), "difference": 0.0, "adamw_state": 8 * numel,
+                  "zero1_state": 8 * (bounds[1] - bounds[0]),
+                  "replica": {"params": 1, "grads": 1, "optimizer_state": 1},
+                  "fsdp": {"params": 1, "grads": 1, "optimizer_state": 1}}
+                 for r, bounds in enumerate(shard_bounds(numel, 2))]
+        for r in ranks:
+            (run_dir / f"zero.rank{r['rank']}.json").write_text(json.dumps(r))
+        text: list[str] = []
+        guess = SimpleNamespace(reveal=lambda answer, why: text.append(why))
+        exec(compile(reveal, "lesson-13-cell", "exec"),
+             {"json": json, "run_dir": run_dir, "guess_zero": guess, "lesson": SimpleNamespace(say=text.append)})
+        return "\n".join(text)
+
+    assert "792,673 and 792,672" in said(1_585_345) and "the last is 1 shorter" in said(1_585_345)
+    assert "800 and 800" in said(1_600) and "equal" in said(1_600) and "shorter" not in said(1_600)
+
+
 def test_the_counter_puts_the_real_functions_back_even_after_an_exception() -> None:
     originals = {op: getattr(dist, op) for op in comm.PAYLOAD_ARGUMENT}
     with pytest.raises(KeyError):

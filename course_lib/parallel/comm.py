@@ -8,8 +8,8 @@ messages visible.
 record one :class:`CommRecord` per call -- the op, the bytes of the tensor this rank passes in, whether it was
 async, when it was issued and when it finished (for ``async_op=True``: when ``.wait()`` returned) -- then call the
 real function. The originals are put back on exit, also when an exception escapes. Only calls that go through the
-``torch.distributed`` module are seen: DDP's reducer issues its all-reduces from C++ (count those with
-``course_lib.distributed.AllReduceCounter``). On GPUs the times are the host's: a NCCL call returns once queued.
+``torch.distributed`` module are seen: DDP's reducer issues its all-reduces from C++; :func:`record_ddp_allreduces`
+sees those through a DDP communication hook. On GPUs the times are the host's: a NCCL call returns once queued.
 
 **Pricing: the alpha-beta model of a ring all-reduce.** ``world`` ranks in a ring each send ``world - 1`` chunks of
 ``nbytes / world`` to reduce (reduce-scatter) and ``world - 1`` more to share the result (all-gather)::
@@ -17,12 +17,19 @@ real function. The originals are put back on exit, also when an exception escape
     bytes each rank sends = 2 (world - 1) / world * nbytes        # -> 2 * nbytes for a large world
     time                  = 2 (world - 1) * latency + that / bandwidth
 
-So the bytes per rank barely grow with the number of ranks (1x nbytes at 2 ranks, 1.75x at 8, never above 2x),
-while the latency term grows with every rank: small messages are latency-bound, large ones bandwidth-bound. That is
-why DDP packs gradients into 25 MiB buckets instead of sending one message per parameter. The two numbers belong to
-the link: NVLink is specified at hundreds of GB/s; gloo between CPU processes goes through the operating system's
-TCP stack and is far slower. :func:`measure_allreduce` times all-reduces on this machine and
-:func:`fit_bandwidth_latency` reads the two numbers off the measurements.
+So the bytes per rank grow with the number of ranks but approach a limit: 1x nbytes at 2 ranks, 1.75x at 8, 1.97x
+at 64, never 2x; the latency term grows with every rank: small messages are latency-bound, large ones
+bandwidth-bound. That is why DDP packs gradients into 25 MiB buckets instead of sending one message per parameter.
+The two numbers belong to the link: NVLink is specified at hundreds of GB/s; gloo between CPU processes goes through
+the operating system's TCP stack (the loopback interface when the ranks share a machine) and is far slower.
+:func:`measure_allreduce` times all-reduces on this machine and :func:`fit_bandwidth_latency` reads the two numbers
+off the measurements.
+
+**Notation.** The literature (Thakur, Rabenseifner and Gropp, "Optimization of collective communication operations
+in MPICH", 2005) writes ``alpha`` for the latency per message, ``beta`` for the transfer time *per byte* and ``gamma``
+for the reduction's compute time per byte: a ring all-reduce costs ``2 (n - 1) alpha + 2 (n - 1)/n N beta +
+(n - 1)/n N gamma``. The code here keeps ``latency = alpha`` and ``bandwidth`` in bytes per second; a fit of measured
+times cannot tell sending from adding, so ``1 / bandwidth = beta + gamma / 2`` (the per-byte cost of the ring bytes).
 
 Taught in lesson 13 (``notebooks/13_parallel.ipynb``).
 """
@@ -169,6 +176,37 @@ def count_collectives() -> Iterator[CommLog]:
     finally:
         for op, original in originals.items():
             setattr(dist, op, original)
+
+
+def record_ddp_allreduces(model: torch.nn.parallel.DistributedDataParallel) -> CommLog:
+    """Record each all-reduce a ``DistributedDataParallel`` model's reducer issues, one :class:`CommRecord` per
+    bucket, in a :class:`CommLog` this returns (it keeps growing: ``log.records.clear()`` between steps).
+
+    DDP's reducer calls its communication hook from C++ the moment a bucket is ready, during backward: this hook
+    stamps the time, then does what DDP's default does (divide by the world size, all-reduce the bucket's flat
+    buffer asynchronously). Register it before the first step; a model takes one hook.
+
+    Taught in lesson 13 (``notebooks/13_parallel.ipynb``).
+    """
+    log = CommLog()
+    model.register_comm_hook(log, _recording_allreduce_hook)
+    return log
+
+
+def _recording_allreduce_hook(log, bucket):  # type: ignore[no-untyped-def]
+    # No annotations: DDP compares them with dist.GradBucket, and this file's are strings (__future__ annotations).
+    buffer = bucket.buffer()
+    record = CommRecord("all_reduce", buffer.numel() * buffer.element_size(), True, clock.now())
+    log.records.append(record)
+    buffer.div_(dist.get_world_size())
+    # distributed_c10d's function, not torch.distributed's attribute: count_collectives must not count it twice.
+    future = dist.distributed_c10d.all_reduce(buffer, async_op=True).get_future()
+
+    def finished(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        record.finished = clock.now()
+        return done.value()[0]
+
+    return future.then(finished)
 
 
 # --- the alpha-beta model -----------------------------------------------------------------------------------------
