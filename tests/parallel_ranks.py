@@ -20,7 +20,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course_lib import clock, distributed
 from course_lib.models import Net
-from course_lib.parallel.comm import PAYLOAD_ARGUMENT, count_collectives, fit_bandwidth_latency, measure_allreduce
+from course_lib.parallel.comm import (
+    PAYLOAD_ARGUMENT,
+    count_collectives,
+    fit_bandwidth_latency,
+    measure_allreduce,
+    record_ddp_allreduces,
+)
 from course_lib.parallel.data_parallel import BucketedDP, OverlappedDP, allreduce_gradients, broadcast_parameters
 from course_lib.parallel.tensor_parallel import TPMLP
 from course_lib.parallel.zero import ShardedOptimizer, fsdp_memory_per_rank, optimizer_state_bytes, rank_memory
@@ -148,6 +154,50 @@ def one_step(model: nn.Module, dp: Any, x: torch.Tensor, hook_first: bool = Fals
         h.remove()
     model.zero_grad()
     return log, first_ready
+
+
+class RunsInAnotherOrder(nn.Module):
+    """``late`` is registered first but runs last: backward makes its gradients first, while the buckets (reverse
+    registration order) put them last. Sizes in bytes, bucket order: early.bias 64, early.weight 512, late.bias 16,
+    late.weight 256."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.late = nn.Linear(16, 4)
+        self.early = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.late(torch.relu(self.early(x)))
+
+
+def check_order(rank: int, world: int) -> dict[str, Any]:
+    """Which order gradients became ready in, and which order BucketedDP issued its all-reduces in."""
+    model = RunsInAnotherOrder()
+    ready: list[int] = []  # bytes of each gradient, in the order autograd finished them
+    handles = [p.register_post_accumulate_grad_hook(lambda p: ready.append(p.numel() * 4)) for p in model.parameters()]
+    bucketed = BucketedDP(model, bucket_cap_mb=100 / 2**20)  # 100 bytes: every parameter in a bucket of its own
+    with count_collectives() as log:
+        model(torch.randn(4, 8)).sum().backward()
+        bucketed.finish()
+    for h in handles:
+        h.remove()
+    bucketed.remove()
+    by_name = dict(model.named_parameters())
+    bucket_bytes = [sum(by_name[n].numel() * 4 for n in names) for names in bucketed.buckets]
+    # torch's DDP through the recording hook: one record per bucket, issued during backward.
+    ddp = DistributedDataParallel(linear_stack(), bucket_cap_mb=0.25)
+    ddp_log = record_ddp_allreduces(ddp)
+    steps = []
+    for _ in range(2):  # DDP rebuilds its buckets after the first step
+        ddp_log.records.clear()
+        ddp(torch.randn(16, 256)).square().mean().backward()
+        backward_done = clock.now()
+        steps.append({"count": len(ddp_log), "bytes": ddp_log.total_bytes,
+                      "first_issued_before_backward_returned": min(r.issued for r in ddp_log.records) < backward_done,
+                      "all_finished": all(r.finished is not None for r in ddp_log.records)})
+    return {"ready_bytes": ready, "bucket_bytes": bucket_bytes, "issued_bytes": [r.nbytes for r in log.records],
+            "ddp": steps, "ddp_param_bytes": sum(p.numel() * 4 for p in ddp.parameters())}
 
 
 def check_buckets(rank: int, world: int) -> dict[str, Any]:
@@ -301,6 +351,7 @@ def main() -> None:
     torch.set_num_threads(1)
     result = {"world": ctx.world_size}
     for name, check in (("comm", check_comm), ("equivalence", check_equivalence), ("buckets", check_buckets),
+                        ("order", check_order),
                         ("zero", check_zero), ("tensor_parallel", check_tensor_parallel), ("fsdp", check_fsdp)):
         start = clock.now()
         result[name] = check(ctx.rank, ctx.world_size)

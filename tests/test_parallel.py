@@ -315,6 +315,26 @@ def test_bucketed_dp_sends_one_message_per_bucket(ranks: list[dict[str, Any]]) -
 
 
 @pytest.mark.distributed
+def test_buckets_are_issued_in_bucket_order_whatever_order_gradients_became_ready(
+        ranks: list[dict[str, Any]]) -> None:
+    """Every rank must issue its collectives in the same order: bucket k leaves only after buckets 0 .. k-1."""
+    for result in ranks:
+        order = result["order"]
+        assert order["bucket_bytes"] == [64, 512, 16, 256]
+        assert order["ready_bytes"][:2] != order["bucket_bytes"][:2]  # the model makes the late layer's first
+        assert order["issued_bytes"] == order["bucket_bytes"], order
+
+
+@pytest.mark.distributed
+def test_ddp_allreduces_are_recorded_by_the_comm_hook(ranks: list[dict[str, Any]]) -> None:
+    for result in ranks:
+        for step in result["order"]["ddp"]:
+            assert step["bytes"] == result["order"]["ddp_param_bytes"], step
+            assert step["first_issued_before_backward_returned"] and step["all_finished"], step
+        assert result["order"]["ddp"][-1]["count"] >= 4, result["order"]["ddp"]  # rebuilt at 0.25 MiB: 1 MiB in 4+
+
+
+@pytest.mark.distributed
 def test_overlapped_versions_send_before_backward_ends(ranks: list[dict[str, Any]]) -> None:
     """The first layer's gradient is the last one backward produces: a message issued before it overlaps."""
     for result in ranks:

@@ -13,9 +13,16 @@ whole batch: the replicas train exactly as one process would on the concatenated
    sends one message per parameter, and each message pays the latency (``comm.py``): a GPT-2 small has 148
    parameter tensors, so 148 latencies per step.
 3. :class:`BucketedDP` -- what ``DistributedDataParallel`` does: parameters grouped, in the order their gradients
-   arrive (reverse registration order), into buckets of about ``bucket_cap_mb``; each bucket sends one flat
-   message when its last gradient is ready. Few messages (latency paid a few times) that still start early
-   (overlap). DDP's default cap is 25 MiB.
+   usually arrive (reverse registration order), into buckets of about ``bucket_cap_mb``; each bucket sends one flat
+   message once its last gradient is ready *and* every bucket before it has been sent. Few messages (latency paid a
+   few times) that still start early (overlap). DDP's default cap is 25 MiB.
+
+**Every rank issues its collectives in the same order.** A collective has no name: the k-th call on one rank is
+matched with the k-th call on every other rank. If rank 0 sends bucket 1 first and rank 1 bucket 0 first (their
+gradients became ready in different orders: a model whose layers run in another order than they were registered,
+a branch taken on one rank only), the ranks sum pieces of different buckets, or wait for each other forever. So
+the buckets leave in a fixed order, the same on every rank: bucket k only after buckets 0 .. k-1, as DDP does
+("Buckets are reduced in sequence"). A bucket that fills early waits for the ones before it.
 
 Gradient accumulation: the micro-batches before the last one only accumulate into ``.grad``; inside
 ``no_sync()`` nothing is launched, and the last backward all-reduces the accumulated sum once.
@@ -161,6 +168,10 @@ class _Bucket:
         self.ready = 0
         self.work: Any = None
 
+    @property
+    def full(self) -> bool:
+        return self.ready == len(self.params)
+
     def launch(self) -> None:
         offset = 0
         for p in self.params:  # a parameter without a gradient this step contributes zeros
@@ -188,10 +199,13 @@ class _Bucket:
 
 
 class BucketedDP:
-    """Gradients all-reduced in buckets of about ``bucket_cap_mb`` MiB, each launched when its last gradient lands.
+    """Gradients all-reduced in buckets of about ``bucket_cap_mb`` MiB, launched in bucket order during backward.
 
-    Buckets follow the *reverse* registration order (the order backward produces gradients), so the first bucket
-    fills, and leaves, while backward is still busy with the earlier layers. ``buckets`` lists the parameter names
+    Buckets follow the *reverse* registration order (the order backward usually produces gradients), so the first
+    bucket fills, and leaves, while backward is still busy with the earlier layers. Bucket k leaves once its last
+    gradient is ready and buckets 0 .. k-1 have left: every rank issues the same all-reduces in the same order,
+    whatever order its gradients became ready in (a bucket with a parameter that gets no gradient holds back the
+    ones after it until ``finish()``). ``buckets`` lists the parameter names
     of each bucket; ``collectives_per_step`` is its length (one all-reduce per bucket); ``bytes_per_step`` what
     each rank passes in. Usage as :class:`OverlappedDP` (``no_sync()``, ``finish()`` before the optimizer step).
 
@@ -209,6 +223,7 @@ class BucketedDP:
         self.buckets = assign_buckets(named, int(bucket_cap_mb * MIB))
         self._buckets = [_Bucket(names, [by_name[n] for n in names]) for names in self.buckets]
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._next = 0  # the first bucket not launched yet this step
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for _, p in named]
 
     @property
@@ -222,22 +237,27 @@ class BucketedDP:
     def _ready(self, param: nn.Parameter) -> None:
         if not self._sync:
             return
-        bucket = self._bucket_of[id(param)]
-        bucket.ready += 1
-        if bucket.ready == len(bucket.params):  # its last gradient: send the bucket now, backward goes on
-            bucket.launch()
+        self._bucket_of[id(param)].ready += 1
+        self._launch_in_order()
+
+    def _launch_in_order(self, everything: bool = False) -> None:
+        # Send every full bucket whose predecessors have left (all of them when ``everything``), in bucket order:
+        # the same on every rank. Backward goes on while they travel.
+        while self._next < len(self._buckets) and (everything or self._buckets[self._next].full):
+            self._buckets[self._next].launch()
+            self._next += 1
 
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
         """Backward passes inside only accumulate gradients locally; the next one outside all-reduces the sum."""
         return _no_sync(self)
 
     def finish(self) -> None:
-        """Send the buckets still waiting (a parameter that got no gradient), wait for all, copy averages back."""
-        for bucket in self._buckets:
-            if bucket.work is None:
-                bucket.launch()
+        """Send the buckets still waiting (a parameter that got no gradient), in order; wait for all, copy averages
+        back."""
+        self._launch_in_order(everything=True)
         for bucket in self._buckets:
             bucket.finish(self.world)
+        self._next = 0
 
     def remove(self) -> None:
         """Take the hooks off the model."""
