@@ -22,8 +22,13 @@ def judge(number: str, code: str, only: str = "") -> dict[str, CheckResult]:
 
 def _buckets(*, hook: str = "param.register_post_accumulate_grad_hook(ready)",
              average: str = "bucket['flat'] / self.world", flush: str = "launch(bucket)",
-             wait: str = "bucket['work'].wait()", cap: str = "bucket_cap_bytes", launch_first: str = "") -> str:
+             wait: str = "bucket['work'].wait()", cap: str = "bucket_cap_bytes", launch_first: str = "",
+             in_order: bool = True) -> str:
     """The solution's BucketedAllReduce with one piece replaced (what learners get wrong is usually one line)."""
+    full = "bucket['ready'] == len(bucket['params'])"
+    rule = ((  # a full bucket leaves only after the ones before it, as the solution does
+        "for bucket in self.buckets:", "    if bucket['work'] is not None: continue", f"    if not {full}: break",
+        "    launch(bucket)") if in_order else (f"if {full}: launch(bucket)", "", "", ""))
     return f"""
         class BucketedAllReduce:
             def __init__(self, model, bucket_cap_bytes):
@@ -47,8 +52,10 @@ def _buckets(*, hook: str = "param.register_post_accumulate_grad_hook(ready)",
                 def ready(param):
                     bucket = bucket_of[id(param)]
                     bucket["ready"] += 1
-                    if bucket["ready"] == len(bucket["params"]):
-                        launch(bucket)
+                    {rule[0]}
+                    {rule[1]}
+                    {rule[2]}
+                    {rule[3]}
 
                 self.launch = launch
                 for bucket in self.buckets:
@@ -93,6 +100,7 @@ WRONG: list[tuple[str, str, str]] = [
     ("a bucket that never filled is never sent", _buckets(flush="pass"), "one process"),
     ("everything all-reduced after backward (no hooks)", _buckets(hook="pass"), "overlap"),
     ("one message per parameter (no buckets)", _buckets(cap="0"), "bucket"),
+    ("each bucket sent the moment it fills, not in bucket order", _buckets(in_order=False), "order"),
     ("initial weights not broadcast", """
         def broadcast_parameters(model):
             pass
@@ -194,9 +202,12 @@ RIGHT: list[tuple[str, str]] = [
                 self.sent[k] = (flat, dist.all_reduce(flat, dist.ReduceOp.SUM, None, True))
 
             def _arrived(self, name):
-                k = self.where[name]
-                self.pending[k].discard(name)
-                if not self.pending[k]:
+                self.pending[self.where[name]].discard(name)
+                for k in sorted(self.members):  # in key order: the first bucket not sent must be full first
+                    if k in self.sent:
+                        continue
+                    if self.pending[k]:
+                        break
                     self._send(k)
 
             def finish(self):
@@ -282,8 +293,11 @@ RIGHT: list[tuple[str, str]] = [
             def hook(self, p):
                 self.seen.add(id(p))
                 for i, group in enumerate(self.groups):
-                    if not self.done[i] and all(id(q) in self.seen for q in group):
-                        self.reduce(i)
+                    if self.done[i]:
+                        continue
+                    if not all(id(q) in self.seen for q in group):
+                        break  # the buckets after it wait: every rank sends them in the same order
+                    self.reduce(i)
 
             def finish(self):
                 for i in range(len(self.groups)):

@@ -132,12 +132,21 @@ def _buckets(cfg: dict[str, Any]) -> tuple[list[int], list[int]]:
     return [sum(sizes[n] for n in b) for b in buckets], [sum(sizes[n] for n in b) for b in early]
 
 
-@check_for("21", "one all-reduce per bucket, of the bucket's bytes", points=1, parts=("21.1", "21.2", "21.3"))
+@check_for("21", "one all-reduce per bucket, of the bucket's bytes, in bucket order", points=1,
+           parts=("21.1", "21.2", "21.3"))
 def bucket_messages(ns: dict[str, Any]) -> None:
     cfg, ranks = _ranks(ns, "dp")
     want, _ = _buckets(cfg)
     for rank, record in enumerate(ranks):
         for step, got in enumerate(record["steps"]):
+            if sorted(got["all_reduce_bytes"]) == sorted(want) and got["all_reduce_bytes"] != want:
+                raise CheckFailed(
+                    f"rank {rank}, step {step}: one all-reduce per bucket, but not in bucket order: a bucket was "
+                    "sent before one that comes earlier in the buckets",
+                    hint="collectives are paired by position on every rank, so every rank must send the buckets in "
+                         "the same, fixed order: launch bucket k only once it is full and buckets 0 .. k-1 have been "
+                         "launched (a full bucket waits for the ones before it); finish() sends the rest in order",
+                    expected=f"{want} bytes, in this order", got=f"{got['all_reduce_bytes']} bytes (sent order)")
             if sorted(got["all_reduce_bytes"]) != sorted(want):
                 raise CheckFailed(
                     f"rank {rank}, step {step}: the all-reduces sent are not one per bucket of at most "
