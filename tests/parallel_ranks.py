@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -200,6 +201,60 @@ def check_order(rank: int, world: int) -> dict[str, Any]:
             "ddp": steps, "ddp_param_bytes": sum(p.numel() * 4 for p in ddp.parameters())}
 
 
+def check_zero_optimizer(rank: int, world: int) -> dict[str, Any]:
+    """ShardedOptimizer as a torch optimizer: weight-decay groups, an LR schedule, zero_grad and a saved state.
+
+    433 parameters: the weights (396) in a group with weight decay, the biases (37) in one without; rank 0's shard
+    [0, 217) lies in the first group, rank 1's [217, 433) crosses into the second."""
+    def model_433() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 33), nn.GELU(), nn.Linear(33, 4))
+
+    def groups(model: nn.Module) -> list[dict[str, Any]]:
+        named = list(model.named_parameters())
+        return [{"params": [p for n, p in named if n.endswith("weight")], "weight_decay": 0.1},
+                {"params": [p for n, p in named if not n.endswith("weight")], "weight_decay": 0.0}]
+
+    def train(model: nn.Module, opt: Any, steps: range, schedule: Any = None) -> None:
+        for step in steps:  # the same whole batch on every rank: the gradients are already "averaged"
+            g = torch.Generator().manual_seed(3000 + step)
+            x, y = torch.randn(GLOBAL_BATCH, 8, generator=g), torch.randn(GLOBAL_BATCH, 4, generator=g)
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            if schedule is not None:
+                schedule.step()
+
+    halving = lambda step: 0.5 ** step  # noqa: E731
+    plain, sharded = model_433(), model_433()
+    plain_opt = torch.optim.AdamW(groups(plain), lr=0.01)
+    sharded_opt = ShardedOptimizer(groups(sharded), lr=0.01)
+    train(plain, plain_opt, range(4), torch.optim.lr_scheduler.LambdaLR(plain_opt, halving))
+    train(sharded, sharded_opt, range(4), torch.optim.lr_scheduler.LambdaLR(sharded_opt, halving))
+    out: dict[str, Any] = {
+        "is_optimizer": isinstance(sharded_opt, torch.optim.Optimizer),
+        "groups_and_schedule_vs_adamw": max_diff(plain, sharded),
+        "lrs": [g["lr"] for g in sharded_opt.param_groups],
+        "inner_lrs": [g["lr"] for g in sharded_opt.optimizer.param_groups],
+        "inner_weight_decays": [g["weight_decay"] for g in sharded_opt.optimizer.param_groups],
+        "grads_after_zero_grad": sum(p.grad is not None for p in sharded.parameters()),
+        "state_bytes": sharded_opt.state_bytes(),
+    }
+    straight = model_433()
+    straight_opt = ShardedOptimizer(groups(straight), lr=0.01)
+    train(straight, straight_opt, range(4))
+    resumed = model_433()
+    first = ShardedOptimizer(groups(resumed), lr=0.01)
+    train(resumed, first, range(2))
+    saved = first.state_dict()
+    second = ShardedOptimizer(groups(resumed), lr=0.01)
+    second.load_state_dict(saved)
+    train(resumed, second, range(2, 4))
+    out["resumed_vs_straight"] = max_diff(straight, resumed)
+    out["saved_keys"] = sorted(saved)
+    return out
+
+
 def check_buckets(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     x = torch.randn(16, 256)
@@ -351,7 +406,7 @@ def main() -> None:
     torch.set_num_threads(1)
     result = {"world": ctx.world_size}
     for name, check in (("comm", check_comm), ("equivalence", check_equivalence), ("buckets", check_buckets),
-                        ("order", check_order),
+                        ("order", check_order), ("zero_optimizer", check_zero_optimizer),
                         ("zero", check_zero), ("tensor_parallel", check_tensor_parallel), ("fsdp", check_fsdp)):
         start = clock.now()
         result[name] = check(ctx.rank, ctx.world_size)

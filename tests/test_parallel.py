@@ -335,6 +335,24 @@ def test_ddp_allreduces_are_recorded_by_the_comm_hook(ranks: list[dict[str, Any]
 
 
 @pytest.mark.distributed
+def test_sharded_optimizer_is_a_torch_optimizer_with_groups_a_schedule_and_a_saved_state(
+        ranks: list[dict[str, Any]]) -> None:
+    for result in ranks:
+        z = result["zero_optimizer"]
+        assert z["is_optimizer"]
+        assert z["groups_and_schedule_vs_adamw"] <= 1e-6, z  # weight decay per group, LR halved each step
+        # the groups carry the schedule's lr; the shard's optimizer took the one each step ran with (the 4th: 0.5**3)
+        assert z["lrs"] == [0.01 * 0.5**4] * 2 and set(z["inner_lrs"]) == {0.01 * 0.5**3}, z
+        assert z["grads_after_zero_grad"] == 0
+        assert z["resumed_vs_straight"] == 0.0, z
+        assert "shard" in z["saved_keys"] and "param_groups" in z["saved_keys"]
+    # rank 0's shard [0, 217) lies in the weights' group; rank 1's [217, 433) crosses into the biases'
+    assert ranks[0]["zero_optimizer"]["inner_weight_decays"] == [0.1]
+    assert ranks[1]["zero_optimizer"]["inner_weight_decays"] == [0.1, 0.0]
+    assert ranks[0]["zero_optimizer"]["state_bytes"] > 0 and ranks[1]["zero_optimizer"]["state_bytes"] > 0
+
+
+@pytest.mark.distributed
 def test_overlapped_versions_send_before_backward_ends(ranks: list[dict[str, Any]]) -> None:
     """The first layer's gradient is the last one backward produces: a message issued before it overlaps."""
     for result in ranks:

@@ -58,21 +58,26 @@ def _tensor_bytes(t: Any) -> int:
     return t.numel() * t.element_size()
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO-1: this rank's optimizer (AdamW by default) owns one contiguous shard of the flattened parameters.
 
     ``ShardedOptimizer(model.parameters(), lr=1e-3, weight_decay=0.1)`` replaces ``AdamW(model.parameters(), ...)``
     once the gradients are averaged over the ranks (e.g. by :class:`~course_lib.parallel.data_parallel.BucketedDP`).
-    ``step()`` updates this rank's shard and all-gathers every shard back into the parameters; ``state_bytes()``
-    is the size of this rank's optimizer state. One set of hyper-parameters for all parameters (a shard may cut
-    through a tensor, so per-tensor groups would not fit). A collective: call ``step()`` on every rank.
+    It is a ``torch.optim.Optimizer``: parameter groups (``[{"params": decay, "weight_decay": 0.1}, {"params":
+    no_decay, "weight_decay": 0.0}]``), LR schedulers, ``zero_grad()`` and ``state_dict()`` work as on any
+    optimizer. The groups are flattened one after the other and the whole is cut into ``world`` shards; where this
+    rank's shard crosses a group, each piece joins the inner optimizer with its group's settings (a shard may cut
+    through a tensor: the settings belong to the group, not the tensor). ``step()`` updates this rank's shard and
+    all-gathers every shard back into the parameters; ``state_bytes()`` is the size of this rank's optimizer state.
+    A collective: call ``step()`` on every rank.
 
     Taught in lesson 13 (``notebooks/13_parallel.ipynb``).
     """
 
-    def __init__(self, params: Iterable[torch.Tensor], optimizer_class: type[torch.optim.Optimizer] = torch.optim.AdamW,
-                 **optimizer_kwargs: Any) -> None:
-        self.params = [p for p in params if p.requires_grad]
+    def __init__(self, params: Iterable[Any], optimizer_class: type[torch.optim.Optimizer] = torch.optim.AdamW,
+                 **defaults: Any) -> None:
+        super().__init__(params, defaults)  # self.param_groups: every parameter, with its group's settings
+        self.params = [p for group in self.param_groups for p in group["params"]]
         if not self.params or len({(p.dtype, p.device) for p in self.params}) != 1:
             raise ValueError("ShardedOptimizer needs parameters that all share one dtype and one device.")
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
@@ -80,25 +85,43 @@ class ShardedOptimizer:
         self.bounds = shard_bounds(self.numel, self.world)
         self.shard_size = self.bounds[0][1] - self.bounds[0][0]  # every shard padded to this for the all-gather
         start, end = self.bounds[self.rank]
-        with torch.no_grad():
-            # This rank's slice of the parameters, as its own tensor: the only thing its optimizer sees.
-            self.shard = nn.Parameter(_flat(self.params)[start:end].clone())
-        self.optimizer = optimizer_class([self.shard], **optimizer_kwargs)
+        flat = _flat(self.params).detach()
+        # This rank's part of each group's stretch of the flat vector, as its own leaf tensor: (group, piece).
+        self.pieces: list[tuple[int, nn.Parameter]] = []
+        group_start = 0
+        for index, group in enumerate(self.param_groups):
+            group_end = group_start + sum(p.numel() for p in group["params"])
+            lo, hi = max(start, group_start), min(end, group_end)
+            if lo < hi:
+                self.pieces.append((index, nn.Parameter(flat[lo:hi].clone())))
+            group_start = group_end
+        inner = [{**self._settings(index), "params": [piece]} for index, piece in self.pieces]
+        self.optimizer = optimizer_class(inner) if inner else None  # None: an empty shard (more ranks than elements)
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups  # a learning-rate schedule sets "lr" here, as on any optimizer
+    def _settings(self, index: int) -> dict[str, Any]:
+        return {k: v for k, v in self.param_groups[index].items() if k != "params"}
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, closure: Any = None) -> Any:
         """Step this rank's shard with its (already averaged) gradient, then share the updated shards."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         start, end = self.bounds[self.rank]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self.shard.grad = _flat(grads)[start:end]
-        self.optimizer.step()
+        shard_grad = _flat(grads)[start:end]
+        offset = 0
+        for (index, piece), inner in zip(self.pieces, self.optimizer.param_groups if self.optimizer else []):
+            inner.update(self._settings(index))  # what a scheduler or the learner set on the group since
+            piece.grad = shard_grad[offset:offset + piece.numel()]
+            offset += piece.numel()
+        if self.optimizer is not None:
+            self.optimizer.step()
         # all_gather_into_tensor needs equal pieces: pad the (possibly shorter) last shard with zeros.
-        send = torch.zeros(self.shard_size, dtype=self.shard.dtype, device=self.shard.device)
-        send[: end - start] = self.shard
+        send = torch.zeros(self.shard_size, dtype=self.params[0].dtype, device=self.params[0].device)
+        if self.pieces:
+            send[: end - start] = torch.cat([piece for _, piece in self.pieces])
         gathered = torch.empty(self.shard_size * self.world, dtype=send.dtype, device=send.device)
         with warnings.catch_warnings():  # newer torch renames it all_gather_single; older torch lacks that name
             warnings.simplefilter("ignore", FutureWarning)
@@ -107,17 +130,29 @@ class ShardedOptimizer:
         for p in self.params:
             p.copy_(gathered[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+        return loss
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+    def state_dict(self) -> dict[str, Any]:
+        """The groups' settings (as any optimizer's) and this rank's shard state under ``"shard"``: each rank saves
+        its own file, and loads it back on the same rank of the same world size."""
+        out = super().state_dict()
+        out["shard"] = {"rank": self.rank, "world": self.world,
+                        "optimizer": None if self.optimizer is None else self.optimizer.state_dict()}
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        shard = state_dict.pop("shard")
+        if (shard["rank"], shard["world"]) != (self.rank, self.world):
+            raise ValueError(f"this state is rank {shard['rank']} of {shard['world']}'s shard; this optimizer is rank "
+                             f"{self.rank} of {self.world}: load each rank's own file, with the same world size.")
+        super().load_state_dict(state_dict)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(shard["optimizer"])
 
     def state_bytes(self) -> int:
         """Bytes of this rank's optimizer state (AdamW: ``m`` and ``v`` of its shard, and a step counter)."""
-        return optimizer_state_bytes(self.optimizer)
+        return 0 if self.optimizer is None else optimizer_state_bytes(self.optimizer)
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
