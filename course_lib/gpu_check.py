@@ -198,6 +198,7 @@ LESSON_MIN_START_S = 30.0  # no lesson starts with less time left: the kernel's 
 LESSONS_RESERVE_S = 10.0  # kept back from the part's limit: the last kernel's shutdown and the summary
 LESSONS_LIMIT_S = 300.0  # the part's limit when it runs on its own (`gpu-check lessons` without gpu-check around it)
 LESSONS_SUMMARY = "lessons.json"
+MACHINE_FILE = "machine.json"  # beside the executed lessons: what ran them (the site's GPU pages say it)
 
 
 def course_lessons(root: Path = ROOT) -> list[Path]:
@@ -266,6 +267,16 @@ def execute_full_mode(lesson: Path, out_dir: Path, deadline: float) -> LessonRun
     lines += [f"expectation not met: {m}" for m in missed]
     atomic.write_text(out_dir / f"{lesson.stem}.log", "\n".join(lines) + "\n")
     return LessonRun(lesson.stem, status, seconds, _one_line(detail, 300), count, found)
+
+
+def machine_record() -> dict[str, Any]:
+    """The machine, software and course that execute the lessons, and the date: :data:`MACHINE_FILE`'s content."""
+    import platform
+
+    from course_lib import bootstrap
+
+    return {**device_description(), "python": platform.python_version(), "course": bootstrap.identity(),
+            "mode": "full", "date": _dt.date.today().isoformat()}
 
 
 def cuda_capability() -> tuple[int, int] | None:
@@ -353,8 +364,11 @@ def lessons_main(argv: Sequence[str]) -> int:
     limit_s = float(os.environ.get(LIMIT_ENV) or LESSONS_LIMIT_S)
     started = clock.now()
     for stale in [*args.out.glob("*.ipynb"), *args.out.glob("*.claims.jsonl"), *args.out.glob("*.log"),
-                  args.out / LESSONS_SUMMARY]:
+                  args.out / LESSONS_SUMMARY, args.out / MACHINE_FILE]:
         stale.unlink(missing_ok=True)  # the report must never show an earlier run's lessons
+    if cuda_capability() is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(args.out / MACHINE_FILE, json.dumps(machine_record(), indent=1) + "\n")
     os.environ["COURSE_MODE"] = "full"  # this process prepares the full-size data the lessons read
     from course_lib.data.cli import prepare
 

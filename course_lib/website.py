@@ -12,6 +12,10 @@
 3. **render** them with Sphinx + myst-nb and the Furo theme (all shipped in wheels: nothing is downloaded at build
    time; search is Sphinx's own, in the browser) into ``build/site/<mode>/html/``. Open ``index.html``.
 
+Lessons executed on a GPU by ``make gpu-check`` (committed in ``benchmarks/results/gpu-<device>/``, with the machine
+that ran them) are staged as they ran there, one page each beside the CPU run (:func:`gpu_runs`): a reader without a
+GPU sees what one showed.
+
 Executing in full mode takes as long as running every lesson (minutes each on a laptop CPU); lessons run one at a
 time so their measurements do not compete for the CPU.
 """
@@ -33,6 +37,8 @@ from typing import Any
 
 from course_lib import atomic, bootstrap, mode
 from course_lib.argparsing import CommandParser
+from course_lib.gpu_check import MACHINE_FILE
+from course_lib.lesson import SKIP_CHOICE
 from course_lib.perf import claims
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -142,8 +148,94 @@ def execute(lesson: Path, out_dir: Path, *, force: bool = False, timeout: int = 
     return True
 
 
+# --- GPU runs -------------------------------------------------------------------------------------------------------
+GPU_RESULTS = Path("benchmarks") / "results"
+COURSE_ID = re.compile(r'^COURSE_ID, COURSE_SOURCE = "(?P<id>[^"]+)"', re.M)
+
+
+@dataclass(frozen=True)
+class GpuRun:
+    """A lesson executed on a GPU by ``make gpu-check`` (``benchmarks/results/gpu-<device>/NN_topic.ipynb``), with
+    the machine that ran it (:data:`course_lib.gpu_check.MACHINE_FILE` beside it)."""
+
+    lesson: Path
+    notebook: Path
+    machine: dict[str, Any]
+
+    @property
+    def page(self) -> Path:
+        """Where the page is staged, relative to the site's root: ``gpu/<device>/NN_topic.ipynb``."""
+        return Path("gpu") / self.notebook.parent.name.removeprefix("gpu-") / self.lesson.name
+
+    @property
+    def title(self) -> str:
+        return f"Lesson {self.lesson.name[:2]} on {self.machine['name']}"
+
+
+def gpu_runs(root: Path, chosen: Sequence[Path]) -> list[GpuRun]:
+    """The GPU runs of the ``chosen`` lessons, device by device; a folder of runs without a readable machine file is
+    an error (the page would not say what produced it)."""
+    runs = []
+    for folder in sorted(p for p in (root / GPU_RESULTS).glob("gpu-*") if p.is_dir()):
+        executed = [(lesson, folder / lesson.name) for lesson in chosen if (folder / lesson.name).is_file()]
+        if not executed:
+            continue
+        machine_file = folder / MACHINE_FILE
+        try:
+            machine = json.loads(machine_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"{machine_file}: cannot be read ({exc}); the executed lessons beside it need the "
+                               f"machine that ran them: `make gpu-check` writes it with them") from None
+        missing = [key for key in ("name", "torch", "date") if not machine.get(key)]
+        if missing:
+            raise RuntimeError(f"{machine_file}: no {', '.join(missing)}; run the lessons again with `make gpu-check`,"
+                               f" which writes it with them")
+        runs += [GpuRun(lesson, notebook, machine) for lesson, notebook in executed]
+    return runs
+
+
+def _gpu_header(run: GpuRun, course_id: str, root: Path, config: bootstrap.LaunchConfig) -> str:
+    """Which machine, software and course version produced the page, all read from the run's files."""
+    m = run.machine
+    device = ", ".join(filter(None, [f"compute capability {m['capability']}" if m.get("capability") else "",
+                                     f"{m['memory_gib']} GiB" if m.get("memory_gib") else ""]))
+    software = ", ".join(filter(None, [f"torch {m['torch']}", f"CUDA {m['cuda']}" if m.get("cuda") else "",
+                                       f"Python {m['python']}" if m.get("python") else ""]))
+    today = os.path.relpath(Path("notebooks") / run.lesson.name, run.page.parent)
+    folder = _repository_link(root, config, run.notebook.parent)
+    return (f":::{{admonition}} Executed on {m['name']}\n:class: note\n"
+            f"This page shows the outputs of a run on **{m['name']}**{f' ({device})' if device else ''}, with "
+            f"{software}, in **{m.get('mode', 'full')}** mode, on **{m['date']}**, from the course at "
+            f"`{course_id}`. The text and code are that version's and may differ from today's lesson, "
+            f"[run on this site's CPU]({today}). Produced by `make gpu-check`; the executed notebook and "
+            f"the machine's description: [{run.notebook.parent.relative_to(root).as_posix()}/]({folder}).\n:::")
+
+
+def _gpu_page(run: GpuRun, root: Path, pages: set[Path], config: bootstrap.LaunchConfig) -> dict[str, Any]:
+    """The lesson as executed on the GPU: its outputs, under a title naming the GPU and the header above."""
+    nb = static_outputs(json.loads(run.notebook.read_text(encoding="utf-8")))
+    setup = "".join(next((c["source"] for c in nb["cells"] if c.get("id") == bootstrap.SETUP_CELL_ID), ""))
+    found = COURSE_ID.search(setup)
+    course_id = found["id"] if found else run.machine.get("course", "unknown")
+    nb["cells"] = [c for c in nb["cells"] if c.get("id") not in (bootstrap.SETUP_CELL_ID, bootstrap.LAUNCH_CELL_ID)]
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            cell["source"] = rewrite_links("".join(cell["source"]), run.lesson, root, pages, config,
+                                           staged_as=run.page)
+    header = _gpu_header(run, course_id, root, config)
+    first = nb["cells"][0]
+    title = re.match(r"# Lesson \d\d\b(?P<topic>.*)\n?", first["source"]) if first["cell_type"] == "markdown" else None
+    if title:  # the header right under the title, before the lesson's own introduction
+        first["source"] = f"# {run.title}{title['topic']}\n\n{header}\n\n{first['source'][title.end():]}"
+    else:
+        nb["cells"].insert(0, {"cell_type": "markdown", "id": "site-gpu-title", "metadata": {},
+                               "source": f"# {run.title}\n\n{header}"})
+    return nb
+
+
 # --- 2. stage -------------------------------------------------------------------------------------------------------
-CONTROLS = re.compile(r"(Button|Dropdown|Slider|Checkbox|Select|Text|Textarea|Toggle|RadioButtons|Combobox)Model$")
+CONTROLS = re.compile(
+    r"(Button|ToggleButtons|Dropdown|Slider|Checkbox|Select|Text|Textarea|Toggle|RadioButtons|Combobox)Model$")
 LIVE_WIDGET = "(an interactive widget: open the lesson in Jupyter to use it)"
 
 
@@ -154,25 +246,44 @@ def _widget_tree(model_id: str, state: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _widget_text(model_id: str, state: dict[str, Any]) -> str:
-    """What a widget shows, from the saved widget state: a progress bar's final line; controls cannot be static."""
+    """What a widget shows, from the saved widget state: a progress bar's final line, a question with its choices;
+    other controls cannot be static."""
     tree = _widget_tree(model_id, state)
+    texts = [re.sub(r"<[^>]+>", "", re.sub(r"<style>.*?</style>", "", html.unescape(str(m["value"])), flags=re.S))
+             .strip() for m in tree if m.get("_model_name") in ("HTMLModel", "LabelModel") and m.get("value")]
+    text = " ".join(t for t in texts if t)
+    choices = [c for m in tree for c in m.get("_options_labels", []) if c != SKIP_CHOICE]
     if any(CONTROLS.search(str(m.get("_model_name", ""))) for m in tree):
-        return LIVE_WIDGET
-    texts = (re.sub(r"<[^>]+>", "", html.unescape(str(m["value"]))).strip()
-             for m in tree if m.get("_model_name") in ("HTMLModel", "LabelModel") and m.get("value"))
-    return " ".join(t for t in texts if t) or LIVE_WIDGET
+        return f"{text}\n" + "\n".join(f"- {c}" for c in choices) if text and choices else LIVE_WIDGET
+    return text or LIVE_WIDGET
+
+
+def _held_outputs(model_id: str, state: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The outputs a question held back until answered, from the saved widget state (a notebook executed without
+    ``COURSE_UNATTENDED`` keeps them there). The stack holds one copy per choice, the last for skipping: nobody
+    answered, so the page shows that one (the reveal without a prediction)."""
+    held = [m["outputs"] for m in _widget_tree(model_id, state)
+            if m.get("_model_name") == "OutputModel" and m.get("outputs")]
+    return held[-1] if held else None
+
+
+def _static(output: dict[str, Any], state: dict[str, Any], seen: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    view = output.get("data", {}).get(WIDGET_VIEW)
+    if view is None:
+        return [output if output.get("output_type") == "stream" else {"metadata": {}, **output}]
+    model_id = view.get("model_id", "")
+    held = _held_outputs(model_id, state) if model_id not in seen else None
+    if held is not None:
+        return [shown for inner in held for shown in _static(inner, state, seen | {model_id})]
+    return [{**output, "data": {"text/plain": _widget_text(model_id, state)}}]
 
 
 def static_outputs(nb: dict[str, Any]) -> dict[str, Any]:
-    """Replace live widgets by their final text (the page has no kernel) and forget the widget state."""
+    """Replace live widgets by what they show (the page has no kernel) and forget the widget state."""
     state = nb.get("metadata", {}).pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     for cell in nb["cells"]:
-        for output in cell.get("outputs", []):
-            view = output.get("data", {}).get(WIDGET_VIEW)
-            if view is None:
-                continue
-            text = _widget_text(view.get("model_id", ""), state)
-            output["data"] = {"text/plain": text}
+        if "outputs" in cell:
+            cell["outputs"] = [shown for output in cell["outputs"] for shown in _static(output, state)]
     return nb
 
 
@@ -185,15 +296,20 @@ def _repository_link(root: Path, config: bootstrap.LaunchConfig, target: Path) -
 LINK = re.compile(r"(\]\()(?P<target>[^)\s#]+)(?P<anchor>#[^)\s]*)?(\))")
 
 
-def rewrite_links(text: str, page: Path, root: Path, pages: set[Path], config: bootstrap.LaunchConfig) -> str:
-    """Relative links to repository files that are not pages of the site point at the repository instead."""
+def rewrite_links(text: str, page: Path, root: Path, pages: set[Path], config: bootstrap.LaunchConfig, *,
+                  staged_as: Path | None = None) -> str:
+    """Relative links to repository files that are not pages of the site point at the repository instead; links
+    to pages are made relative to ``staged_as`` (``root``-relative) when the page is staged elsewhere than ``page``."""
     def replace(match: re.Match[str]) -> str:
         target = match["target"]
         if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
             return match.group(0)
         resolved = (page.parent / target).resolve()
+        here = (root / staged_as).parent if staged_as is not None else page.parent
         if resolved == (root / "README.md").resolve():  # the home page is staged as index.md
-            return f"{match[1]}{os.path.relpath(root / 'index.md', page.parent)}{match['anchor'] or ''})"
+            return f"{match[1]}{os.path.relpath(root / 'index.md', here)}{match['anchor'] or ''})"
+        if resolved in pages and staged_as is not None:
+            return f"{match[1]}{os.path.relpath(resolved, here.resolve())}{match['anchor'] or ''})"
         if resolved in pages or not resolved.exists() or root.resolve() not in resolved.parents:
             return match.group(0)
         return f"{match[1]}{_repository_link(root, config, resolved)}{match['anchor'] or ''})"
@@ -231,7 +347,12 @@ def stage(root: Path, folders: SiteFolders, executed: list[Path], *, machine: st
     sources = [home, *(root / "notebooks" / p.name for p in executed), *exercises(root), *guides(root),
                *instructor_notes(root)]
     pages = {p.resolve() for p in sources}
+    runs = gpu_runs(root, [root / "notebooks" / p.name for p in executed])
     staged = []
+    for run in runs:
+        target = folders.staging / run.page
+        _write_if_changed(target, json.dumps(_gpu_page(run, root, pages, config), indent=1, ensure_ascii=False))
+        staged.append(target)
     for source in sources:
         relative = Path("index.md") if source == home else source.relative_to(root)
         target = folders.staging / relative
@@ -239,6 +360,8 @@ def stage(root: Path, folders: SiteFolders, executed: list[Path], *, machine: st
             text = rewrite_links(source.read_text(encoding="utf-8"), source, root, pages, config)
             if source == home:
                 text += _toctree("Lessons", [f"notebooks/{p.stem}" for p in executed])
+                text += _toctree("Lessons executed on a GPU", [run.page.with_suffix("").as_posix() for run in runs]
+                                 ) if runs else ""
                 text += _toctree("Exercises", [f"exercises/{p.stem}" for p in exercises(root)])
                 text += _toctree("Guides", [p.relative_to(root).with_suffix("").as_posix() for p in guides(root)])
                 notes = [p.relative_to(root).with_suffix("").as_posix() for p in instructor_notes(root)]
@@ -254,6 +377,12 @@ def stage(root: Path, folders: SiteFolders, executed: list[Path], *, machine: st
             note = (f"*This page shows the lesson's outputs from a run in **{folders.mode}** mode on {machine}; "
                     "yours will differ: every number comes from the machine that runs it.*")
             nb["cells"].insert(1, {"cell_type": "markdown", "id": "site-run-note", "metadata": {}, "source": note})
+            on_gpus = [f"[{run.title}]({os.path.relpath(run.page, relative.parent)}) ({run.machine['date']})"
+                       for run in runs if run.lesson.name == source.name]
+            if on_gpus:
+                also = f"*Also executed on a GPU: see {', '.join(on_gpus)}, the outputs that machine showed.*"
+                nb["cells"].insert(2, {"cell_type": "markdown", "id": "site-gpu-runs", "metadata": {},
+                                       "source": also})
             text = json.dumps(nb, indent=1, ensure_ascii=False)
         _write_if_changed(target, text)
         staged.append(target)
@@ -269,7 +398,9 @@ def render(root: Path, folders: SiteFolders, *, quiet: bool = True) -> Path:
     from sphinx.cmd.build import build_main
 
     warnings = folders.html.parent / "warnings.log"
-    args = ["-b", "html", "-c", str(root / CONF_DIR), "-d", str(folders.doctrees), "-w", str(warnings)]
+    args = ["-b", "html", "-c", str(root / CONF_DIR), "-d", str(folders.doctrees), "-w", str(warnings),
+            # Markdown outputs (the lessons' tables of measurements) in MyST, as the text: CommonMark has no tables.
+            "-D", "nb_render_markdown_format=myst"]
     if quiet:
         args.append("-q")
     status = build_main([*args, str(folders.staging), str(folders.html)])

@@ -8,6 +8,7 @@ shows, lesson order, search). Chromium as in ``test_browser.py``: skipped withou
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -29,6 +30,7 @@ GUIDES = website.guides(REPO)
 EXERCISES = website.exercises(REPO)
 NOTES = website.instructor_notes(REPO)
 FOLDERS = website.SiteFolders(root=REPO, mode=mode.mode())
+GPU_RUNS = website.gpu_runs(REPO, LESSONS)  # the lessons `make gpu-check` executed on a GPU, committed
 
 
 def test_the_lessons_are_numbered_from_00_without_a_gap_in_course_order():
@@ -79,7 +81,8 @@ def _expected_pages(html: Path) -> list[Path]:
     return ([html / "index.html"] + [html / "notebooks" / f"{p.stem}.html" for p in LESSONS]
             + [html / "exercises" / f"{p.stem}.html" for p in EXERCISES]
             + [html / "docs" / f"{p.stem}.html" for p in GUIDES]
-            + [html / "docs" / "instructor" / f"{p.stem}.html" for p in NOTES])
+            + [html / "docs" / "instructor" / f"{p.stem}.html" for p in NOTES]
+            + [html / run.page.with_suffix(".html") for run in GPU_RUNS])
 
 
 @pytest.mark.timeout(1800)
@@ -141,6 +144,84 @@ def test_site_links_home_to_each_lesson_and_rewrites_links_to_non_pages(site):
     config = website.bootstrap.read_config(REPO)
     # the README's link to the benchmark table (not a page of the site) points at the repository
     assert any(link.startswith(f"{config.repository}/blob/") for link in index.links)
+
+
+def _text(page: Path) -> str:
+    return " ".join(re.sub(r"<[^>]+>", " ", page.read_text(encoding="utf-8")).split())
+
+
+def _body_links(path: Path) -> list[str]:
+    """The links of a page's own content (not the sidebar's, which lists every page)."""
+    article = re.search(r"<article\b.*?</article>", path.read_text(encoding="utf-8"), re.S)
+    assert article, f"{path}: no <article>"
+    page = _Page()
+    page.feed(article.group(0))
+    return page.links
+
+
+def test_each_gpu_run_is_a_page_linked_from_its_lesson_and_saying_what_produced_it(site):
+    assert GPU_RUNS, "benchmarks/results/gpu-*/ holds the lessons executed on a GPU (the H200 run at least)"
+    index = _parse(site / "index.html")
+    for run in GPU_RUNS:
+        gpu_page = site / run.page.with_suffix(".html")
+        text = _text(gpu_page)
+        machine = run.machine
+        setup = next(c for c in json.loads(run.notebook.read_text())["cells"] if c.get("id") == "course-setup")
+        course_id = website.COURSE_ID.search("".join(setup["source"]))["id"]
+        assert f"Lesson {run.lesson.name[:2]} on {machine['name']}" in text, f"{gpu_page.name}: title"
+        for fact in (machine["name"], f"torch {machine['torch']}", machine["date"], course_id):
+            assert fact in text, f"{run.page}: the header does not say {fact!r}"
+        assert "Course set-up" not in text and "widget-view+json" not in text, f"{run.page}: kernel-only content"
+        cpu_page = site / "notebooks" / f"{run.lesson.stem}.html"
+        assert os.path.relpath(gpu_page, cpu_page.parent) in _body_links(cpu_page), f"{cpu_page.name}: no link"
+        assert os.path.relpath(cpu_page, gpu_page.parent) in _body_links(gpu_page), f"{run.page}: no way back"
+        assert run.page.with_suffix(".html").as_posix() in index.links, f"index: {run.page} not listed"
+    without = [p for p in LESSONS if p.name not in {run.lesson.name for run in GPU_RUNS}]
+    assert without, "some lesson has no GPU run"
+    for lesson in without:
+        links = _body_links(site / "notebooks" / f"{lesson.stem}.html")
+        assert not [link for link in links if link.startswith("../gpu/")], f"{lesson.name}: a GPU link, no run"
+
+
+def test_a_gpu_run_shows_the_outputs_its_questions_held_back():
+    """Executed without COURSE_UNATTENDED, a lesson keeps what a question held back in its widget state: the page
+    shows the reveal for nobody's answer (skip), the question with its choices, and no widget left."""
+    run = next(r for r in GPU_RUNS if r.lesson.name.startswith("05_"))
+    nb = website.static_outputs(json.loads(run.notebook.read_text(encoding="utf-8")))
+    shown = json.dumps([c.get("outputs", []) for c in nb["cells"]])
+    assert "You chose not to predict" in shown and "You predicted:" not in shown
+    assert "is bf16 autocast faster than fp32?\\n- faster\\n- about the same\\n- slower" in shown
+    assert website.WIDGET_VIEW not in shown and website.LIVE_WIDGET not in shown and "<style>" not in shown
+
+
+def test_gpu_runs_without_the_machine_that_ran_them_are_refused(tmp_path):
+    lesson = tmp_path / "notebooks" / "05_mixed_precision.ipynb"
+    folder = tmp_path / "benchmarks" / "results" / "gpu-nvidia-h200"
+    folder.mkdir(parents=True)
+    (folder / lesson.name).write_text("{}")
+    with pytest.raises(RuntimeError, match=r"machine\.json: cannot be read .*make gpu-check"):
+        website.gpu_runs(tmp_path, [lesson])
+    (folder / "machine.json").write_text(json.dumps({"name": "NVIDIA H200", "date": "2026-12-04"}))
+    with pytest.raises(RuntimeError, match="machine.json: no torch"):
+        website.gpu_runs(tmp_path, [lesson])
+    assert website.gpu_runs(tmp_path, [tmp_path / "notebooks" / "00_welcome.ipynb"]) == []  # no run: no page
+
+
+def test_the_machine_file_gpu_check_writes_beside_the_lessons_is_the_one_the_site_reads(tmp_path, monkeypatch):
+    from course_lib import gpu_check
+
+    monkeypatch.setattr(gpu_check, "cuda_capability", lambda: (9, 0))  # as on a GPU, without one
+    monkeypatch.setattr(gpu_check, "device_description", lambda: {"name": "NVIDIA H200", "capability": "9.0",
+                                                                  "torch": "2.11.0+cu130", "cuda": "13.0"})
+    monkeypatch.setenv(gpu_check.LIMIT_ENV, "20")  # no time for a lesson: only the machine file and the summary
+    monkeypatch.setenv("COURSE_MODE", mode.mode())  # lessons_main sets full mode for its own process
+    out = tmp_path / "benchmarks" / "results" / "gpu-nvidia-h200"
+    assert gpu_check.lessons_main(["--out", str(out), "--lessons", "05"]) == 0
+    machine = json.loads((out / gpu_check.MACHINE_FILE).read_text())
+    assert machine["course"] == website.bootstrap.identity() and machine["mode"] == "full" and machine["date"]
+    (out / LESSONS[5].name).write_text("{}")
+    [run] = website.gpu_runs(tmp_path, [tmp_path / "notebooks" / LESSONS[5].name])
+    assert run.title == "Lesson 05 on NVIDIA H200" and run.machine == machine
 
 
 # --- the built site, in Chromium ----------------------------------------------------------------------------------
