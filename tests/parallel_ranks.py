@@ -252,6 +252,12 @@ def check_zero_optimizer(rank: int, world: int) -> dict[str, Any]:
     train(resumed, second, range(2, 4))
     out["resumed_vs_straight"] = max_diff(straight, resumed)
     out["saved_keys"] = sorted(saved)
+    other_rank = {**saved, "shard": {**saved["shard"], "rank": 1 - rank}}
+    try:
+        ShardedOptimizer(groups(model_433()), lr=0.01).load_state_dict(other_rank)
+        out["other_rank_refused"] = ""
+    except ValueError as exc:
+        out["other_rank_refused"] = str(exc)
     return out
 
 

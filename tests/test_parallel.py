@@ -346,6 +346,7 @@ def test_sharded_optimizer_is_a_torch_optimizer_with_groups_a_schedule_and_a_sav
         assert z["grads_after_zero_grad"] == 0
         assert z["resumed_vs_straight"] == 0.0, z
         assert "shard" in z["saved_keys"] and "param_groups" in z["saved_keys"]
+        assert "load each rank's own file" in z["other_rank_refused"], z["other_rank_refused"]
     # rank 0's shard [0, 217) lies in the weights' group; rank 1's [217, 433) crosses into the biases'
     assert ranks[0]["zero_optimizer"]["inner_weight_decays"] == [0.1]
     assert ranks[1]["zero_optimizer"]["inner_weight_decays"] == [0.1, 0.0]
