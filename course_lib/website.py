@@ -269,8 +269,9 @@ def _held_outputs(model_id: str, state: dict[str, Any]) -> list[dict[str, Any]] 
 
 def _static(output: dict[str, Any], state: dict[str, Any], seen: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     view = output.get("data", {}).get(WIDGET_VIEW)
-    if view is None:
-        return [output if output.get("output_type") == "stream" else {"metadata": {}, **output}]
+    if view is None:  # an output widget's outputs may lack the metadata a notebook's display outputs must have
+        rich = output.get("output_type") in ("display_data", "execute_result")
+        return [{"metadata": {}, **output} if rich else output]
     model_id = view.get("model_id", "")
     held = _held_outputs(model_id, state) if model_id not in seen else None
     if held is not None:
