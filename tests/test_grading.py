@@ -309,12 +309,92 @@ def test_ctrl_c_during_grade_keeps_what_was_graded(tmp_path: Path, extra: Path) 
     assert proc.returncode == 130, (stdout, stderr)
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "1 of 2 notebook(s) were graded" in errors[0], stderr
+    assert "nothing was written (there were no previous results)" in errors[0], stderr
     assert "Traceback" not in stderr
-    rows = {row["student"]: row for row in csv.DictReader(out.open())}
-    assert (rows["ada"]["ex90"], rows["ada"]["status"]) == ("3", "graded")
-    assert (rows["zed"]["ex90"], rows["zed"]["status"]) == ("0", "ex90 not graded (interrupted)")
-    assert "interrupted" in (tmp_path / "grades-feedback" / "zed" / "feedback.txt").read_text()
+    assert not out.exists() and not (tmp_path / "grades-feedback").exists()  # no half set: all of a run or nothing
     assert not list(workdirs.glob("course-grade-*")), "a grading folder (and so its child) outlived Ctrl-C"
+
+
+def _toy_table(doubles_passed: bool) -> dict:
+    from course_lib.grading.api import CheckResult
+    from course_lib.grading.runner import NotebookGrade
+
+    def grade(passed: bool) -> dict:
+        return {"90": NotebookGrade("90", [CheckResult("90", "doubles", 1, passed=passed, message="" if passed else
+                                                       "double(21) is wrong"), CheckResult("90", "halves", 2, True)])}
+
+    return {"ada": grade(doubles_passed), "=1+1 Zoë": grade(True)}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("moment", ["grading", "csv", "feedback", "exports", "regrade report",
+                                    "swap: feedback", "swap: grades-canvas.csv", "swap: grades-regrade.txt",
+                                    "swap: clean up"])
+def test_ctrl_c_at_any_moment_leaves_one_complete_set(tmp_path: Path, extra: Path, monkeypatch, capsys,
+                                                      moment: str) -> None:
+    """Ctrl-C while a regrade is written: the previous run's complete set stays (or, once the swap began, the new
+    complete set is in place); never the new CSV beside the old exports, as before."""
+    import signal as signals
+
+    from course_lib.grading import grade, outputs
+    from course_lib.grading.grade import GradingInterrupted
+
+    subs, out = tmp_path / "class", tmp_path / "out" / "grades.csv"
+    (subs / "ada").mkdir(parents=True)
+    command = [str(subs), "--out", str(out), "--exercises", "90", "--extra-tests", str(extra)]
+    monkeypatch.setattr(grade, "grade_class", lambda *a, **k: _toy_table(doubles_passed=True))
+    assert grade_main(command) == 0
+    previous = _files(out.parent)
+    assert {"grades.csv", "grades-canvas.csv", "grades-moodle.csv", "grades-feedback/ada/results.json"} <= set(previous)
+    capsys.readouterr()
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def stop_after(write):
+        def wrapped(*args, **kwargs):
+            write(*args, **kwargs)
+            raise KeyboardInterrupt
+        return wrapped
+
+    new_table = _toy_table(doubles_passed=False)  # ada loses a point: the new set differs in every file
+    if moment == "grading":
+        def interrupted(*args, **kwargs):
+            raise GradingInterrupted(new_table)
+        monkeypatch.setattr(grade, "grade_class", interrupted)
+    else:
+        monkeypatch.setattr(grade, "grade_class", lambda *a, **k: new_table)
+    if moment == "csv":
+        monkeypatch.setattr(grade, "write_csv", stop_after(grade.write_csv))
+    elif moment == "feedback":  # the first student's feedback is written, the second's not
+        monkeypatch.setattr(grade, "feedback_text", lambda student, *a: stop() if student == "ada" else "x")
+    elif moment == "exports":
+        monkeypatch.setattr(gradebook, "write_moodle_csv", stop)
+    elif moment == "regrade report":
+        monkeypatch.setattr(grade.atomic, "write_text", stop)
+    elif moment.startswith("swap: "):  # a real SIGINT, as Ctrl-C sends it, in the middle of the swap
+        step = moment.removeprefix("swap: ")
+        monkeypatch.setattr(outputs, "before_step",
+                            lambda name: os.kill(os.getpid(), signals.SIGINT) if name == step else None)
+    assert grade_main([*command, "--regrade", str(out)]) == 130
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    now = _files(out.parent)
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "a staging folder was left behind"
+    if not moment.startswith("swap"):
+        assert now == previous, f"interrupted at {moment}: the previous set changed"
+        assert "the previous run's results are kept whole" in errors[0] and str(out) in errors[0]
+        return
+    # Once the swap began, the new set is in place whole: every file says ada has 2 points and the report exists.
+    assert "are this run's, complete" in errors[0]
+    rows = {gradebook.from_csv_cell(r["student"]): r for r in csv.DictReader((out.parent / "grades.csv").open())}
+    assert rows["ada"]["ex90"] == "2" and rows["=1+1 Zoë"]["ex90"] == "3"
+    assert ["ada", "2"] in list(csv.reader((out.parent / "grades-moodle.csv").open(encoding="utf-8")))
+    assert json.loads((out.parent / "grades-feedback" / "ada" / "results.json").read_text())["score"] == 2
+    assert "ada ex90: 3 -> 2  ('doubles' now failed)" in (out.parent / "grades-regrade.txt").read_text()
 
 
 def test_grade_rejects_a_missing_folder(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ exercise ``timed out`` / ``ended early`` / ``invalid notebook`` / ``missing``) a
 that uses the reference implementation). Per student, ``<feedback>/<student>/results.json`` (the
 Gradescope format) and ``feedback.txt`` (what failed, why, the hint); a summary table is printed. Beside the CSV,
 the same points in Canvas's and Moodle's import layouts; every output records the grader's version, and
-``--regrade OLD.csv`` reports what changed since that run (see :mod:`course_lib.grading.gradebook`).
+``--regrade OLD.csv`` reports what changed since that run (see :mod:`course_lib.grading.gradebook`). All these files are
+written as one set and swapped in whole (:mod:`course_lib.grading.outputs`): Ctrl-C keeps the previous complete set.
 ``--extra-tests DIR`` adds checks kept by the instructor (``*.py`` files using ``@check_for``).
 """
 
@@ -36,6 +37,7 @@ from course_lib.grading.api import (
     normalise_exercise,
     printable,
 )
+from course_lib.grading.outputs import OutputSet, Staging
 from course_lib.grading.report import format_results, shorten
 from course_lib.grading.runner import (
     DEFAULT_TIMEOUT_S,
@@ -314,29 +316,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     grader = gradebook.grader_version(extra_dirs)
     sandbox.limit_own_memory()  # judging runs in this process: a bounded backstop beside the decoding cap
     print(sandbox.describe())
+    outputs = OutputSet(args.out, feedback)
     try:
         table = grade_class(args.submissions, exercises, timeout_s=args.timeout, extra_dirs=extra_dirs,
                             jobs=args.jobs, outputs=[args.out, feedback])
-    except GradingInterrupted as stop:
-        write_csv(stop.table, exercises, args.out, grader)
-        write_feedback(stop.table, exercises, feedback, grader)
-        done = sum(g.status != INTERRUPTED for per_ex in stop.table.values() for g in per_ex.values())
-        total = sum(len(per_ex) for per_ex in stop.table.values())
-        print(f"error: interrupted: {done} of {total} notebook(s) were graded; they are in {args.out} and {feedback}/ "
-              f"(the others say '{INTERRUPTED}'). Run the same command again to grade everything.", file=sys.stderr)
+    except KeyboardInterrupt as stop:
+        table = stop.table if isinstance(stop, GradingInterrupted) else {}
+        done = sum(g.status != INTERRUPTED for per_ex in table.values() for g in per_ex.values())
+        total = sum(len(per_ex) for per_ex in table.values())
+        graded = f"{done} of {total} notebook(s) were graded, " if total else ""
+        print(f"error: interrupted: {graded}{_kept(outputs)}. Run the same command again to grade everything.",
+              file=sys.stderr)
         return 130
     if not table:
         print(f"{args.submissions}: no student folders", file=sys.stderr)
         return 1
-    write_csv(table, exercises, args.out, grader)
-    write_feedback(table, exercises, feedback, grader)
-    books = write_gradebooks(table, exercises, args.out)
+    report = regrade_lines(previous, table, exercises, grader) if previous is not None else None
+    staging = None
+    try:
+        staging = Staging(outputs)
+        write_set(staging, table, exercises, grader, report)
+        staging.publish()
+    except KeyboardInterrupt:
+        if staging is not None and staging.published:
+            print(f"error: interrupted once the new results were in place: {args.out}, its exports and {feedback}/ "
+                  "are this run's, complete.", file=sys.stderr)
+        else:
+            print(f"error: interrupted while writing the results: {_kept(outputs)}. Run the same command again.",
+                  file=sys.stderr)
+        return 130
+    finally:
+        if staging is not None and not staging.published:
+            staging.discard()
     print(summary(table, exercises))
-    print(f"\nwrote {args.out}, {' and '.join(str(p) for p in books)} (grade-book imports), and "
+    print(f"\nwrote {args.out}, {outputs.canvas} and {outputs.moodle} (grade-book imports), and "
           f"{feedback}/<student>/results.json, feedback.txt; grader {grader}")
-    if previous is not None:
-        report = regrade_lines(previous, table, exercises, grader)
-        regrade_file = args.out.with_name(f"{args.out.stem}-regrade.txt")
-        atomic.write_text(regrade_file, report + "\n")
-        print(f"\n{report}\n(also in {regrade_file})")
+    if report is not None:
+        print(f"\n{report}\n(also in {outputs.regrade})")
     return 0
+
+
+def write_set(staging: Staging, table: Table, exercises: list[str], grader: str, report: str | None) -> None:
+    """Every file of one run, into ``staging`` (:meth:`Staging.publish` then swaps them in whole)."""
+    csv_path = staging.path(staging.outputs.csv)
+    write_csv(table, exercises, csv_path, grader)
+    write_feedback(table, exercises, staging.feedback, grader)
+    write_gradebooks(table, exercises, csv_path)
+    if report is not None:
+        atomic.write_text(staging.path(staging.outputs.regrade), report + "\n")
+
+
+def _kept(outputs: OutputSet) -> str:
+    """What an interrupted run leaves: the previous run's complete set, named, or nothing."""
+    kept = [str(p) for p in outputs.files() if p.is_file()] + [f"{outputs.feedback}/"] * outputs.feedback.is_dir()
+    if not kept:
+        return "nothing was written (there were no previous results)"
+    return f"nothing of this run was written; the previous run's results are kept whole ({', '.join(kept)})"
