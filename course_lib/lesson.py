@@ -104,7 +104,10 @@ def show_source(obj: Any) -> None:
 # (class LIVE_CLASS) say in words what to do instead; its held areas and reveals (HELD_CLASS) need no kernel to be
 # read, so they show no icon. The rule travels in an HTML widget's saved value, so it works on a reopened notebook.
 LIVE_CLASS, HELD_CLASS = "course-live", "course-held"
-STALE_NOTE = "These controls belong to a kernel that has stopped: run this cell again to use them."
+# A new kernel has none of the lesson's names (``lesson``, the measured values) until the cells above run again:
+# "run this cell again" alone ends in a NameError, so the note names the step that works.
+STALE_NOTE = ("These controls belong to a kernel that has stopped. To use them, select this cell, choose "
+              "Run All Above Selected Cell in the Run menu, then run this cell.")
 STALE_STYLE = (
     "<style>"
     f'.{LIVE_CLASS}.jupyter-widgets-disconnected::before {{content: "{STALE_NOTE}"; font: italic 13px '
@@ -146,10 +149,15 @@ class Prediction:
     _pending: list[Any] = field(default_factory=list, repr=False)
     _hints: list[Any] = field(default_factory=list, repr=False)
     _links: list[Any] = field(default_factory=list, repr=False)
+    _first_answer: str = field(default="", repr=False)  # the answer the kernel heard first: final
 
     @property
     def answer(self) -> str:
-        """The learner's answer ("" when none was given; :data:`SKIP_CHOICE` when they chose not to predict)."""
+        """The learner's answer ("" when none was given; :data:`SKIP_CHOICE` when they chose not to predict).
+
+        The first answer the kernel hears is final (see :meth:`_on_answer`)."""
+        if self._first_answer:
+            return self._first_answer
         if self.widget is not None:
             value = self.widget.value
             return "" if value is None else str(value)
@@ -219,18 +227,8 @@ class Prediction:
         journal.prediction_answered(self.question, self.answer, self.matches(actual) if compared else None)
 
     def hint(self, text: str) -> Any:
-        """A line shown until this question is answered.
-
-        The browser hides it the moment a choice is active (a CSS rule, so also while Run All keeps the kernel
-        busy); the kernel hides it as well once it hears the answer (for front ends without CSS ``:has``).
-        """
-        import ipywidgets as widgets
-
-        rule = f"body:has(.course-q-{self.key} .mod-active) .course-hint-{self.key} {{display: none}}"
-        line = f'<div class="course-hint-{self.key}"><i>{html.escape(text)}</i></div>'
-        hint = widgets.HTML(f"<style>{rule}</style>{STALE_STYLE}{line}")
-        self._hints.append(hint)
-        return hint
+        """A line shown until this question is answered (see :func:`_hint`)."""
+        return _hint(text, [self])
 
     def linked_stack(self, children: Sequence[Any]) -> Any:
         """A stack showing ``children[i]`` once the learner picks choice ``i`` and nothing before: the choice's
@@ -242,12 +240,23 @@ class Prediction:
         return stack
 
     def _on_answer(self, change: dict[str, Any]) -> None:
-        if not change.get("new"):
+        """The kernel heard an answer. The first one is final: the widget is disabled (its state lives in the
+        kernel, so a reloaded or reopened page renders it locked too), and a later value, which a page that lost
+        the question's text can still send, is set back to the first answer; the journal records the first only."""
+        new = change.get("new")
+        if self._first_answer:
+            if new != self._first_answer:
+                self.widget.value = self._first_answer  # the reveal linked in the browser follows back
             return
+        if not new:
+            return
+        self._first_answer = str(new)
+        self.widget.disabled = True
         from IPython.display import Markdown
 
-        for hint in self._hints:  # before the question turns into text, which the CSS rule looks for
-            hint.layout.display = "none"
+        for hint, questions in self._hints:  # before the question turns into text, which the CSS rule looks for
+            if all(q.answered for q in questions):
+                hint.layout.display = "none"
         if self._measured is not None:
             self._journal(*self._measured)
         for handle, actual, why in self._pending:
@@ -287,7 +296,32 @@ class Prediction:
             out = widgets.Output()
             out.append_display_data(Markdown(self.reveal_markdown(actual, why, answer=answer)))
             reveals.append(out)
+        # The reveal opens on this question's own answer: outside the cell's held area, which may wait for other
+        # questions too (two questions asked in one cell, revealed in one cell); the rest of the cell is held again.
+        holding = _holding.output is not None
+        if holding:
+            _stop_holding()
         display(widgets.VBox([self.hint(self._waiting_text()), self.linked_stack(reveals)]).add_class(HELD_CLASS))
+        if holding:
+            _start_holding()
+
+
+def _hint(text: str, questions: Sequence[Prediction]) -> Any:
+    """A line shown until every one of ``questions`` is answered.
+
+    The browser hides it the moment each has an active choice (a CSS rule, so also while Run All keeps the kernel
+    busy); the kernel hides it as well once it has heard every answer (for front ends without CSS ``:has``).
+    """
+    import ipywidgets as widgets
+
+    key = "-".join(q.key for q in questions)
+    answered = "".join(f":has(.course-q-{q.key} .mod-active)" for q in questions)
+    rule = f"body{answered} .course-hint-{key} {{display: none}}"
+    line = f'<div class="course-hint-{key}"><i>{html.escape(text)}</i></div>'
+    hint = widgets.HTML(f"<style>{rule}</style>{STALE_STYLE}{line}")
+    for question in questions:
+        question._hints.append((hint, tuple(questions)))
+    return hint
 
 
 def _code_spans_html(text: str) -> str:
@@ -352,7 +386,10 @@ def predict(question: str, choices: Sequence[str] | None = None, default: str | 
             layout=widgets.Layout(width="100%"),
         )
     prediction.widget.observe(prediction._on_answer, names="value")
-    label = widgets.HTML(f"{STALE_STYLE}<b>Predict:</b> {_code_spans_html(question)}")
+    # The first click is final in the browser too, while Run All keeps the kernel from hearing it: once a choice
+    # is active no button takes a click (the kernel then disables them, see Prediction._on_answer).
+    lock = f"<style>.course-q-{prediction.key}:has(.mod-active) button {{pointer-events: none}}</style>"
+    label = widgets.HTML(f"{STALE_STYLE}{lock}<b>Predict:</b> {_code_spans_html(question)}")
     box = widgets.VBox([label, prediction.widget])
     box.add_class(f"course-q-{prediction.key}").add_class(LIVE_CLASS)
     prediction._question_handle = display(box, display_id=True)
@@ -369,11 +406,16 @@ HELD_TEXT = "Held until you answer the question above (or choose skip): the outp
 
 @dataclass
 class _Holding:
-    """The question whose answer is awaited, and the held area of the cell running now (if any)."""
+    """The questions whose answers are awaited (in the order asked), and the held area of the cell running now."""
 
-    question: Prediction | None = None
+    questions: list[Prediction] = field(default_factory=list)
     output: Any = None
     gate: Any = None
+
+    def open_questions(self) -> list[Prediction]:
+        """The questions not yet revealed whose answer the kernel has not heard: what a cell's output must wait
+        for (a measurement may answer any of them)."""
+        return [q for q in self.questions if not q.revealed and not q.answered]
 
 
 _holding = _Holding()
@@ -384,7 +426,7 @@ def _hold_after(prediction: Prediction) -> None:
     from IPython import get_ipython
 
     shell = get_ipython()
-    _holding.question = prediction
+    _holding.questions = [q for q in _holding.questions if q.key != prediction.key and not q.revealed] + [prediction]
     if shell is not None and not getattr(shell, "_course_holds_outputs", False):
         shell.events.register("pre_run_cell", _hold_cell_output)
         shell.events.register("post_run_cell", _release_cell_output)
@@ -392,31 +434,47 @@ def _hold_after(prediction: Prediction) -> None:
 
 
 def _hold_cell_output(info: Any = None) -> None:
-    """Before a cell runs: if a question is open (the kernel has not heard its answer), show a held area linked to
-    the question's choices and send the cell's output into it. A cell that asks a question is never held."""
-    question = _holding.question
-    if question is None or question.answered or "predict(" in str(getattr(info, "raw_cell", "")):
+    """Before a cell runs: if questions are open (the kernel has not heard their answers), show a held area that
+    opens once every one of them is answered, and send the cell's output into it. A cell that asks a question is
+    never held."""
+    if "predict(" in str(getattr(info, "raw_cell", "")):
+        return
+    _start_holding()
+
+
+def _start_holding() -> None:
+    """Send what the running cell shows from now on into a new held area gated by every open question."""
+    questions = _holding.open_questions()
+    if not questions:
         return
     import ipywidgets as widgets
     from IPython.display import display
 
-    held = widgets.Output()
-    gate = question.linked_stack([held] * len(question.values))  # any answer opens it
-    display(widgets.VBox([question.hint(HELD_TEXT), gate]).add_class(HELD_CLASS))
+    held = gate = widgets.Output()
+    for question in questions:  # nested stacks: each level opens on one question's answer (any answer)
+        gate = question.linked_stack([gate] * len(question.values))
+    display(widgets.VBox([_hint(HELD_TEXT, questions), gate]).add_class(HELD_CLASS))
     held.__enter__()  # the browser routes this cell's outputs into ``held``
     _holding.output, _holding.gate = held, gate
 
 
-def _release_cell_output(result: Any = None) -> None:
-    """After a cell: stop holding its output (an error is never held back), and forget a revealed question."""
+def _stop_holding(error: bool = False) -> None:
+    """Stop sending the running cell's output into its held area (an error opens it: never held back)."""
     held, gate = _holding.output, _holding.gate
     _holding.output = _holding.gate = None
-    if held is not None:
-        held.__exit__(None, None, None)
-        if getattr(result, "error_in_exec", None) is not None:
+    if held is None:
+        return
+    held.__exit__(None, None, None)
+    if error:
+        while gate is not held:  # open every level of the nested gate
             gate.selected_index = 0
-    if _holding.question is not None and _holding.question.revealed:
-        _holding.question = None
+            gate = gate.children[0]
+
+
+def _release_cell_output(result: Any = None) -> None:
+    """After a cell: stop holding its output (an error is never held back), and forget revealed questions."""
+    _stop_holding(error=getattr(result, "error_in_exec", None) is not None)
+    _holding.questions = [q for q in _holding.questions if not q.revealed]
 
 
 def use_course_threads() -> int:

@@ -54,6 +54,20 @@ FIXTURE_NOTEBOOK = {
 }
 
 
+# A question, then its measurement and reveal (the first answer is final, also after a reload).
+QUESTION_NOTEBOOK = {**FIXTURE_NOTEBOOK, "cells": [
+    _code('from course_lib import lesson\n\ncolour = lesson.predict("Which colour?", choices=["red", "blue"])'),
+    _code('print("measured: red")\ncolour.reveal("red", "Measured here.")'),
+]}
+# Two questions asked in one cell (as lesson 13 does), a measurement that answers both, then both reveals.
+TWO_QUESTIONS_NOTEBOOK = {**FIXTURE_NOTEBOOK, "cells": [
+    _code('from course_lib import lesson\n\nshape = lesson.predict("Which shape?", choices=["round", "square"])\n'
+          'size = lesson.predict("Which size?", choices=["small", "large"])'),
+    _code('print("MEASURED-42")'),
+    _code('shape.reveal("round", "SHAPE-WHY")\nsize.reveal("small", "SIZE-WHY")'),
+]}
+
+
 def _lesson_notebooks() -> list[Path]:
     return sorted(p for pattern in LESSON_PATTERNS for p in (REPO / "notebooks").glob(pattern))
 
@@ -70,6 +84,8 @@ def served_root(tmp_path_factory) -> Path:
     shutil.rmtree(SCREENSHOTS, ignore_errors=True)  # only this run's screenshots, nothing stale
     root = tmp_path_factory.mktemp("lab-root")
     (root / "fixture.ipynb").write_text(json.dumps(FIXTURE_NOTEBOOK))
+    (root / "question.ipynb").write_text(json.dumps(QUESTION_NOTEBOOK))
+    (root / "two_questions.ipynb").write_text(json.dumps(TWO_QUESTIONS_NOTEBOOK))
     if (REPO / "notebooks").is_dir():
         shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for name in ("pyproject.toml", "README.md"):
@@ -593,9 +609,59 @@ def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, served_root, noteb
                 else page.locator(".widget-toggle-buttons").count() >= 1), "the questions did not come back"
         stale = stale_controls(page)
         if notebook.name.startswith("02_"):  # open questions and the playground: each says to run its cell again
-            assert stale["notes"] and all("run this cell again" in note for note in stale["notes"]), stale
+            assert stale["notes"] and all("Run All Above Selected Cell" in note for note in stale["notes"]), stale
         assert stale["icons"] == [], "a reopened course widget still shows the broken-link icon"
         page.locator(".course-live").last.scroll_into_view_if_needed() if stale["notes"] else None
         shot(page.locator(".jp-NotebookPanel"), f"{notebook.stem}-reopened")
         check_dark_theme(page, notebook.stem)
 
+
+
+def choice(page, text: str):
+    return page.locator(".widget-toggle-buttons button", has_text=re.compile(f"^{text}$")).first
+
+
+SHOWN_IN_OUTPUTS = ("text => [...document.querySelectorAll('.jp-Cell-outputWrapper')]"
+                    ".some(n => n.innerText.includes(text))")
+
+
+def test_a_first_answer_stays_final_after_a_reload(page, lab_server):
+    """Seen: after a reload the question's buttons came back live (the kernel's "turn it into text" update cannot
+    reach a reloaded page), and a second click changed the reveal and the progress. Now the kernel locks the
+    question at the first answer, and the reloaded page renders the lock."""
+    open_notebook(page, lab_server, "question.ipynb")
+    run_all_cells(page)
+    page.evaluate("async () => { await window.jupyterapp.commands.execute('docmanager:save'); }")
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+    page.reload()
+    choice(page, "red").wait_for(state="visible", timeout=60_000)  # the kernel's widget state, on the new page
+    choice(page, "red").click()
+    page.wait_for_function("() => document.querySelector('.jp-Notebook').innerText.includes('You predicted: red')",
+                           timeout=30_000)
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status"
+                           " === 'idle'", timeout=30_000)
+    page.wait_for_timeout(2_000)  # the kernel has heard the answer (an idle kernel handles it at once)
+    choice(page, "blue").click(force=True)  # as a learner would: the second click must change nothing
+    page.wait_for_timeout(3_000)
+    text = outputs_text(page)
+    shot(page.locator(".jp-NotebookPanel"), "question-second-click")
+    assert "You predicted: red" in text and "You predicted: blue" not in text, text[-1000:]
+    assert choice(page, "blue").is_disabled(), "the kernel did not lock the question at its first answer"
+
+
+def test_each_question_of_a_cell_opens_its_own_reveal(page, lab_server):
+    """Two questions in one cell: answering one opens its reveal without waiting for the other; the measurement,
+    which could answer either, opens once both are answered."""
+    open_notebook(page, lab_server, "two_questions.ipynb")
+    run_all_cells(page)
+    assert not {"SHAPE-WHY", "SIZE-WHY", "MEASURED-42"} & set(outputs_text(page).split()), "shown before an answer"
+    keep_kernel_busy(page, 30)  # the browser opens what the answers release, not the kernel
+    choice(page, "square").click()
+    page.wait_for_function(SHOWN_IN_OUTPUTS, arg="SHAPE-WHY", timeout=30_000)
+    text = outputs_text(page)
+    assert "You predicted: square" in text and "SIZE-WHY" not in text and "MEASURED-42" not in text, text
+    choice(page, "large").click()
+    page.wait_for_function(SHOWN_IN_OUTPUTS, arg="SIZE-WHY", timeout=30_000)
+    text = outputs_text(page)
+    assert "MEASURED-42" in text and "You predicted: large" in text and HELD not in text, text
+    shot(page.locator(".jp-NotebookPanel"), "two-questions-answered")

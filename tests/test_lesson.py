@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from course_lib import lesson
 
 
@@ -109,7 +111,7 @@ def test_cells_after_an_open_question_are_held_until_its_reveal(monkeypatch: pyt
     assert len(gate.children) == 3 and len({id(c) for c in gate.children}) == 1  # any answer opens the same area
     assert lesson._holding.output is gate.children[0] and _links_to(p, gate)
     lesson._release_cell_output(Result())
-    assert lesson._holding.output is None and gate.selected_index is None and lesson._holding.question is p
+    assert lesson._holding.output is None and gate.selected_index is None and lesson._holding.questions == [p]
 
     lesson._hold_cell_output(Cell("broken()"))
     failed = shown[-1].children[1]
@@ -124,7 +126,7 @@ def test_cells_after_an_open_question_are_held_until_its_reveal(monkeypatch: pyt
     lesson._hold_cell_output(Cell("p.reveal('A')"))
     p.reveal("A")
     lesson._release_cell_output(Result())
-    assert lesson._holding.question is None  # revealed: later cells run as usual
+    assert lesson._holding.questions == []  # revealed: later cells run as usual
     count = len(shown)
     lesson._hold_cell_output(Cell("print('next')"))
     assert len(shown) == count
@@ -287,6 +289,102 @@ def test_a_reopened_question_says_to_run_its_cell_again(monkeypatch: pytest.Monk
     p = _live_question(monkeypatch, shown)
     question_box = shown[0]
     assert lesson.LIVE_CLASS in question_box._dom_classes
-    assert lesson.STALE_STYLE in question_box.children[0].value and "run this cell again" in lesson.STALE_STYLE
+    assert lesson.STALE_STYLE in question_box.children[0].value and lesson.STALE_NOTE in lesson.STALE_STYLE
     p.reveal("A")
     assert lesson.HELD_CLASS in shown[-1]._dom_classes
+
+
+def test_the_first_answer_is_final(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page that lost the question's text (reloaded, reopened) can still send a second answer: the kernel locks
+    the widget at the first (its disabled state is synced, so a reloaded page renders it locked), sets a later value
+    back, and the journal records the first answer only."""
+    recorded: list[tuple] = []
+    monkeypatch.setattr(lesson.journal, "prediction_answered", lambda *args: recorded.append(args))
+    shown: list = []
+    p = _live_question(monkeypatch, shown)
+    p.reveal("B")
+    stack = shown[-1].children[1]
+    assert not p.widget.disabled
+    p.widget.value = "A"
+    assert p.widget.disabled and recorded == [("Which is faster?", "A", False)]
+    p.widget.value = "B"  # the second click of a reloaded page
+    assert p.widget.value == "A" and p.answer == "A" and p.widget.index == 0  # the linked reveal follows back
+    assert recorded == [("Which is faster?", "A", False)] and _links_to(p, stack)
+    question_box = shown[0]
+    assert f".course-q-{p.key}:has(.mod-active) button" in question_box.children[0].value  # locked in the browser
+
+
+def test_each_question_of_a_cell_releases_its_own_reveal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two questions asked in one cell (lesson 13): a later cell's output waits for both (a measurement may answer
+    either), but each reveal is shown outside that held area, linked to its own question only, so one answer
+    opens its reveal without waiting for the other."""
+    import ipywidgets as widgets
+
+    shown: list = []
+    first = _live_question(monkeypatch, shown)
+    import IPython.display
+
+    holding_at_display: list = []
+
+    def fake_display(obj: object, display_id: bool = False) -> FakeHandle:
+        shown.append(obj)
+        holding_at_display.append(lesson._holding.output)
+        return FakeHandle()
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    second = lesson.predict("Which is smaller?", choices=["C", "D"])
+    assert lesson._holding.questions == [first, second]
+
+    class Cell:
+        raw_cell = "measure()"
+
+    lesson._hold_cell_output(Cell())
+    outer = shown[-1].children[1]
+    held_first = lesson._holding.output
+    inner = outer.children[0]
+    assert _links_to(second, outer) and _links_to(first, inner) and inner.children[0] is held_first  # both gate it
+    first.reveal("A")
+    reveal_box = shown[-2]
+    assert holding_at_display[-2] is None, "the reveal was displayed inside the held area"
+    assert _links_to(first, reveal_box.children[1]) and not _links_to(second, reveal_box.children[1])
+    held_after = shown[-1].children[1]  # the rest of the cell: held again, now for the open question only
+    assert _links_to(second, held_after) and isinstance(held_after.children[0], widgets.Output)
+    assert lesson._holding.output is held_after.children[0] is not held_first
+    second.reveal("C")
+    assert holding_at_display[-1] is None and lesson._holding.output is None  # no question left open
+    lesson._release_cell_output(None)
+    assert lesson._holding.questions == []
+
+
+def test_the_stale_note_names_a_command_this_jupyterlab_has() -> None:
+    """The step the note gives is a Run-menu item of the installed JupyterLab, spelled as the menu spells it."""
+    import sys
+
+    static = Path(sys.prefix) / "share" / "jupyter" / "lab" / "static"
+    bundles = list(static.glob("*.js"))
+    if not bundles:
+        pytest.skip(f"no JupyterLab front end installed under {static}")
+    command = "Run All Above Selected Cell"
+    assert command in lesson.STALE_NOTE and "run this cell again" not in lesson.STALE_NOTE
+    assert any(command in bundle.read_text(encoding="utf-8", errors="replace") for bundle in bundles)
+
+
+@pytest.mark.slow
+def test_the_stale_note_step_works_on_a_new_kernel_and_the_old_advice_did_not(tmp_path: Path) -> None:
+    """Lesson 12's first question on a new kernel (a lab restarted): its cell alone raises NameError (the old note's
+    advice, "run this cell again"); the cells above it, then the cell (the note's step), run."""
+    import nbformat
+    from nbclient.exceptions import CellExecutionError
+
+    from course_lib.nbrun import NotebookRunner
+
+    nb = nbformat.read(REPO / "notebooks" / "12_techniques.ipynb", as_version=4)
+    question = next(i for i, cell in enumerate(nb.cells) if "lesson.predict(" in cell.source)
+    resources = {"metadata": {"path": str(REPO / "notebooks")}}
+
+    alone = nbformat.v4.new_notebook(cells=[nb.cells[question]], metadata=nb.metadata)
+    with pytest.raises(CellExecutionError, match="NameError"):
+        NotebookRunner(alone, timeout=150, kernel_name="python3", resources=resources).execute()
+
+    above_then_cell = nbformat.v4.new_notebook(cells=nb.cells[:question + 1], metadata=nb.metadata)
+    NotebookRunner(above_then_cell, timeout=150, kernel_name="python3", resources=resources).execute()
