@@ -16,6 +16,7 @@ from course_lib.perf.ceiling import (
     CeilingConfig,
     best_call_seconds,
     cached_ceiling,
+    matmul_flops,
     measure_ceiling,
     ridge_intensity,
     roofline_point,
@@ -97,13 +98,56 @@ def test_the_ceiling_is_measured_once_then_read_back(tmp_path: Path, monkeypatch
     assert len(made) == 2
 
 
-def test_a_ceiling_measured_on_a_busy_machine_is_measured_again(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_ceiling_measured_on_a_busy_machine_is_reused_and_says_so(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
-    results = iter([_fake(1.5, 1e9), _fake(0.0, 4e9)])
+    busy = _fake(1.5, 1e9)
+    busy.seconds, busy.measured_epoch = 8.0, 1000.0
+    results = iter([busy, _fake(0.0, 4e9)])
     monkeypatch.setattr(ceilings, "measure_ceiling", lambda *a, **k: next(results))
-    assert cached_ceiling("cpu", progress=False).peak() == 1e9
-    assert cached_ceiling("cpu", progress=False).peak() == 4e9  # the busy one was not trusted
+    measured = cached_ceiling("cpu", progress=False)
+    assert not measured.from_cache and measured.provenance().startswith("Measured now in 8.0 s")
+    again = cached_ceiling("cpu", progress=False)
+    assert again.peak() == 1e9 and again.from_cache  # reused: measuring again is the learner's call
+    said = again.provenance(now=1000.0 + 2 * 3600 + 5)
+    assert "measured 2 hours ago in 8.0 s" in said and "1.5 core(s)" in said and "may be low" in said
+    assert "refresh=True" in said
+    assert cached_ceiling("cpu", refresh=True, progress=False).peak() == 4e9
+
+
+def _rated(rates: dict[str, float]):
+    """A stand-in for one sweep row: ``rates[dtype]`` FLOP/s at every shape; records the shapes measured."""
+    measured: list[tuple[str, int]] = []
+
+    def row(dtype: str, m: int, n: int, k: int, device: object, seconds: float) -> dict:
+        measured.append((dtype, m))
+        return {"dtype": dtype, "m": m, "n": n, "k": k, "flops_per_s": rates[dtype]}
+    return row, measured
+
+
+def test_a_dtype_slower_than_fp32_is_not_swept_past_two_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ceilings, "fast_dtypes", lambda device: ["float32", "bfloat16"])
+    row, measured = _rated({"float32": 1e12, "bfloat16": 1e10})
+    monkeypatch.setattr(ceilings, "_matmul_row", row)
+    config = CeilingConfig(sizes=(16, 32, 64, 128), shapes=(), stream_mib=1, seconds_per_shape=0.0)
+    result = measure_ceiling("cpu", config, progress=False)
+    assert [m for dtype, m in measured if dtype == "bfloat16"] == [16, 32]
+    assert [m for dtype, m in measured if dtype == "float32"] == [16, 32, 64, 128]
+    assert result.slow_path("bfloat16") and not result.slow_path("float32")
+    assert result.stopped["bfloat16"]["shape"] == [32, 32, 32] and result.stopped["bfloat16"]["ratio"] == 0.01
+    assert result.largest_swept("bfloat16") == matmul_flops(32, 32, 32)
+    assert "no fast bfloat16 path here" in result.summary()
+
+
+def test_a_shape_whose_call_would_run_past_the_cap_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ceilings, "fast_dtypes", lambda device: ["float32"])
+    row, measured = _rated({"float32": 1e6})  # 1 MFLOP/s: a 64-wide multiply (0.5 MFLOP) takes 0.5 s
+    monkeypatch.setattr(ceilings, "_matmul_row", row)
+    config = CeilingConfig(sizes=(16, 32, 64), shapes=(), stream_mib=1, seconds_per_shape=0.0, max_call_s=0.1)
+    result = measure_ceiling("cpu", config, progress=False)
+    assert [m for _, m in measured] == [16, 32]
+    assert result.stopped["float32"]["reason"] == ceilings.CALL_TOO_LONG and not result.slow_path("float32")
+    assert result.seconds > 0 and result.measured_epoch > 0
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 0}), json.dumps({"version": 1})])

@@ -17,7 +17,15 @@ do. Two measured figures answer that:
 compute is (compute-bound: only fewer FLOPs or faster arithmetic help). An operation far *below* its roof is bound
 by neither: overhead (Python, kernel launches, small shapes) is eating the time.
 
-The measurement is cached per machine (:func:`cached_ceiling`) so later lessons reuse it.
+**Bounded time.** The sweep runs from the smallest shape up, per dtype, fp32 first. A shape whose one call would
+take longer than ``max_call_s`` (predicted from the dtype's best rate so far) is not measured, and a dtype that runs
+slower than fp32 on two shapes in a row is not swept further: that device has no fast path for it (a CPU without
+bf16 matrix instructions took 59 s for one 2048-wide bf16 multiply), and its roof is the best of the shapes measured.
+:attr:`Ceiling.stopped` says which sweeps stopped early and why.
+
+The measurement is cached per machine (:func:`cached_ceiling`) and reused, however busy the machine was, until the
+learner asks for a new one (``refresh=True``); :meth:`Ceiling.provenance` says how old the cached one is and how
+busy the machine was then.
 
 Taught in lesson 14 (``notebooks/14_ceiling.ipynb``).
 """
@@ -31,7 +39,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +52,8 @@ from course_lib.perf.mfu import peak_flops
 from course_lib.progress import tqdm
 
 BOUNDS = ("compute", "memory")
+SLOWER, CALL_TOO_LONG = "slower than fp32", "call too long"
+BUSY_CORES = 0.5  # other programs' cores from which a measured ceiling may be low
 
 
 @dataclass(frozen=True)
@@ -92,12 +102,14 @@ CACHE_VERSION = 1
 class CeilingConfig:
     """What :func:`measure_ceiling` sweeps. ``sizes``: square matmul sizes; ``shapes``: extra ``(m, n, k)``
     shapes (tall-skinny, sizes that are not multiples of 8); ``stream_mib``: the size of each streaming array (far
-    larger than the caches); ``seconds_per_shape``: how long each shape is repeated (the best call counts)."""
+    larger than the caches); ``seconds_per_shape``: how long each shape is repeated (the best call counts);
+    ``max_call_s``: a shape whose one call is predicted to take longer is not measured (see the module docstring)."""
 
     sizes: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)
     shapes: tuple[tuple[int, int, int], ...] = ((4096, 256, 256), (1000, 1000, 1000), (256, 4096, 1024))
     stream_mib: int = 128
-    seconds_per_shape: float = 0.4
+    seconds_per_shape: float = 0.25
+    max_call_s: float = 0.5
 
     @classmethod
     def for_mode(cls, device: torch.device | str = "cpu") -> CeilingConfig:
@@ -107,7 +119,8 @@ class CeilingConfig:
             return cls(sizes=(1024, 2048, 4096, 8192), shapes=((16384, 4096, 4096), (8192, 8192, 1024)),
                        stream_mib=1024, seconds_per_shape=0.2 if mode.is_smoke() else 0.4)
         if mode.is_smoke():
-            return cls(sizes=(64, 256, 512), shapes=((1000, 1000, 1000),), stream_mib=32, seconds_per_shape=0.05)
+            return cls(sizes=(64, 256, 512), shapes=((1000, 1000, 1000),), stream_mib=32, seconds_per_shape=0.05,
+                       max_call_s=0.1)
         return cls()
 
 
@@ -119,7 +132,10 @@ class Ceiling:
     ``sweep``: one row per ``(dtype, m, n, k)`` with its best FLOP/s; ``copy_bandwidth``/``triad_bandwidth``:
     bytes/s; ``threads``: intra-op threads during the measurement; ``others_cores``: cores other programs used
     meanwhile (a busy machine measures a lower ceiling); ``datasheet``: on a known GPU, the vendor's dense peak
-    FLOP/s per dtype name (``None`` on a CPU: no datasheet figure applies to a laptop's cores).
+    FLOP/s per dtype name (``None`` on a CPU: no datasheet figure applies to a laptop's cores); ``stopped``: dtype
+    name -> why its sweep stopped before the largest shape (``{"reason": "slower than fp32" | "call too long",
+    "shape": [m, n, k], "ratio": its rate over fp32's there}``); ``seconds``: how long the measurement took;
+    ``measured_epoch``: when (seconds since the epoch); ``from_cache``: read back from the cache, not measured now.
     """
 
     device: str
@@ -135,6 +151,10 @@ class Ceiling:
     datasheet: dict[str, float] | None = None
     measured_at: str = ""
     mode: str = "full"
+    stopped: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: float = 0.0
+    measured_epoch: float = 0.0
+    from_cache: bool = field(default=False, compare=False)
 
     @property
     def bandwidth(self) -> float:
@@ -145,6 +165,28 @@ class Ceiling:
         """The measured matmul ceiling of ``dtype`` in FLOP/s (fp32's when ``dtype`` was not measured)."""
         return self.matmul.get(dtype, self.matmul["float32"])
 
+    def slow_path(self, dtype: str) -> bool:
+        """Whether ``dtype``'s sweep stopped because it ran slower than fp32: this device has no fast path for it."""
+        return self.stopped.get(dtype, {}).get("reason") == SLOWER
+
+    def largest_swept(self, dtype: str) -> int:
+        """FLOPs of the largest matmul measured in ``dtype``'s sweep (0 when none was)."""
+        return max((matmul_flops(r["m"], r["n"], r["k"]) for r in self.sweep if r["dtype"] == dtype), default=0)
+
+    def provenance(self, now: float | None = None) -> str:
+        """One sentence: measured now (how long it took) or read from the cache (how old, how busy the machine was
+        then, and how to measure again)."""
+        took = f" in {self.seconds:.1f} s" if self.seconds else ""
+        busy = ("" if self.others_cores is None else
+                f"; other programs used {self.others_cores:.1f} core(s) meanwhile"
+                + (", so it may be low" if self.others_cores >= BUSY_CORES else ""))
+        if not self.from_cache:
+            return f"Measured now{took}{busy}."
+        age = _age_text((now if now is not None else time.time()) - self.measured_epoch) if self.measured_epoch \
+            else f"on {self.measured_at}"
+        return (f"Read from this machine's cache: measured {age}{took}{busy}. "
+                "`cached_ceiling(device, refresh=True)` measures it again.")
+
     def summary(self) -> str:
         lines = [f"{self.name} ({self.device}), {self.threads} intra-op thread(s), torch {self.torch_version}"]
         for dtype, flops in self.matmul.items():
@@ -152,16 +194,23 @@ class Ceiling:
             sheet = self.datasheet.get(dtype) if self.datasheet else None
             extra = f"; datasheet {sheet / 1e12:,.1f} TFLOP/s, {flops / sheet:.0%} of it" if sheet else ""
             lines.append(f"  matmul {dtype:<9} best {flops / 1e9:9,.1f} GFLOP/s  at {m}x{k} @ {k}x{n}{extra}")
+            stop = self.stopped.get(dtype)
+            if stop:
+                sm, sn, sk = stop["shape"]
+                why = (f"{stop['ratio']:.2g}x fp32's rate at {sm}x{sk} @ {sk}x{sn}: no fast {dtype} path here"
+                       if stop["reason"] == SLOWER else f"one call at {sm}x{sk} @ {sk}x{sn} would take too long")
+                lines.append(f"    (sweep stopped early: {why})")
         lines.append(f"  memory bandwidth  copy {self.copy_bandwidth / 1e9:6.1f} GB/s, "
                      f"triad {self.triad_bandwidth / 1e9:6.1f} GB/s")
         lines.append(f"  ridge (fp32)      {ridge_intensity(self.peak(), self.bandwidth):6.1f} FLOP/byte")
         if self.others_cores is not None:
             lines.append(f"  other programs used {self.others_cores:.1f} core(s) while this was measured"
-                         + (": a busy machine measures a lower ceiling" if self.others_cores >= 0.5 else ""))
+                         + (": a busy machine measures a lower ceiling" if self.others_cores >= BUSY_CORES else ""))
         return "\n".join(lines)
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
+        out.pop("from_cache")
         out["best_shape"] = {k: list(v) for k, v in self.best_shape.items()}
         return {"version": CACHE_VERSION, **out}
 
@@ -172,6 +221,15 @@ class Ceiling:
         fields = {k: v for k, v in data.items() if k != "version"}
         fields["best_shape"] = {k: tuple(v) for k, v in fields["best_shape"].items()}
         return cls(**fields)
+
+
+def _age_text(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count > 1 else ''} ago"
+    return f"{seconds:.0f} s ago"
 
 
 def matmul_flops(m: int, n: int, k: int) -> int:
@@ -267,16 +325,20 @@ def measure_ceiling(device: torch.device | str = "cpu", config: CeilingConfig | 
     device = torch.device(device)
     config = config or CeilingConfig.for_mode(device)
     dtypes = fast_dtypes(device)
-    shapes = [(s, s, s) for s in config.sizes] + list(config.shapes)
-    jobs = [(dtype, shape) for dtype in dtypes for shape in shapes]
+    shapes = sorted([(s, s, s) for s in config.sizes] + list(config.shapes), key=lambda s: matmul_flops(*s))
     threads = course_threads()
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    started = clock.now()
     sweep: list[dict[str, Any]] = []
+    stopped: dict[str, dict[str, Any]] = {}
     try:
-        with OtherPrograms() as load:
-            for dtype, (m, n, k) in tqdm(jobs, desc="matmul sweep", disable=not progress, leave=False):
-                sweep.append(_matmul_row(dtype, m, n, k, device, config.seconds_per_shape))
+        with OtherPrograms() as load, tqdm(total=len(dtypes) * len(shapes), desc="matmul sweep",
+                                           disable=not progress, leave=False) as bar:
+            for dtype in dtypes:
+                stopped_here = _sweep_dtype(dtype, shapes, device, config, sweep, bar)
+                if stopped_here:
+                    stopped[dtype] = stopped_here
             copy_bw, triad_bw = stream_bandwidth(device, config.stream_mib, 2 * config.seconds_per_shape)
     finally:
         torch.set_num_threads(previous)
@@ -287,7 +349,32 @@ def measure_ceiling(device: torch.device | str = "cpu", config: CeilingConfig | 
     return Ceiling(device=device.type, name=device_name(device), threads=threads, torch_version=torch.__version__,
                    matmul=matmul, best_shape=best_shape, sweep=sweep, copy_bandwidth=copy_bw,
                    triad_bandwidth=triad_bw, others_cores=load.cores, datasheet=_datasheet(device),
-                   measured_at=time.strftime("%Y-%m-%d %H:%M"), mode=mode.mode())
+                   measured_at=time.strftime("%Y-%m-%d %H:%M"), mode=mode.mode(), stopped=stopped,
+                   seconds=clock.now() - started, measured_epoch=time.time())
+
+
+def _sweep_dtype(dtype: str, shapes: list[tuple[int, int, int]], device: torch.device, config: CeilingConfig,
+                 sweep: list[dict[str, Any]], bar: Any) -> dict[str, Any] | None:
+    """Measure ``dtype`` on ``shapes`` (smallest first), appending rows to ``sweep``; stop at a shape whose call
+    would take longer than ``config.max_call_s``, or after two shapes in a row slower than fp32 (measured first).
+    Returns why it stopped early, or ``None``."""
+    fp32 = {(r["m"], r["n"], r["k"]): r["flops_per_s"] for r in sweep if r["dtype"] == "float32"}
+    best_rate, behind = 0.0, 0
+    for done, (m, n, k) in enumerate(shapes):
+        if best_rate and matmul_flops(m, n, k) / best_rate > config.max_call_s:
+            bar.update(len(shapes) - done)
+            return {"reason": CALL_TOO_LONG, "shape": [m, n, k],
+                    "ratio": best_rate / max(fp32.values()) if fp32 else 1.0}
+        row = _matmul_row(dtype, m, n, k, device, config.seconds_per_shape)
+        sweep.append(row)
+        bar.update(1)
+        best_rate = max(best_rate, row["flops_per_s"])
+        if dtype != "float32" and (m, n, k) in fp32:
+            behind = behind + 1 if row["flops_per_s"] < fp32[(m, n, k)] else 0
+            if behind == 2:
+                bar.update(len(shapes) - done - 1)
+                return {"reason": SLOWER, "shape": [m, n, k], "ratio": row["flops_per_s"] / fp32[(m, n, k)]}
+    return None
 
 
 def cache_path(device: torch.device | str = "cpu") -> Path:
@@ -303,8 +390,9 @@ def cache_path(device: torch.device | str = "cpu") -> Path:
 
 
 def cached_ceiling(device: torch.device | str = "cpu", *, refresh: bool = False, progress: bool = True) -> Ceiling:
-    """This machine's ceiling from its cache file, measured (and cached) when there is none, when ``refresh``, or
-    when the cached one was measured while other programs took half a core or more (it would be too low).
+    """This machine's ceiling from its cache file (``from_cache`` set), measured (and cached) when there is none or
+    when ``refresh``. A ceiling measured on a busy machine is reused too (measuring again costs the learner the sweep
+    on every run); :meth:`Ceiling.provenance` says how busy the machine was, and ``refresh=True`` replaces it.
 
     Taught in lesson 14 (``notebooks/14_ceiling.ipynb``).
     """
@@ -312,8 +400,8 @@ def cached_ceiling(device: torch.device | str = "cpu", *, refresh: bool = False,
     if not refresh and path.is_file():
         try:
             cached = Ceiling.from_json(json.loads(path.read_text(encoding="utf-8")))
-            if cached.others_cores is None or cached.others_cores < 0.5:
-                return cached
+            cached.from_cache = True
+            return cached
         except (ValueError, TypeError, KeyError):
             pass  # unreadable or an older format: measured again below
     ceiling = measure_ceiling(device, progress=progress)
