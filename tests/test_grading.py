@@ -251,7 +251,8 @@ def test_grade_a_class_folder(tmp_path: Path, extra: Path) -> None:
     assert {row["grader"] for row in rows.values()} == {gradebook.grader_version([extra])}
     canvas = list(csv.reader((tmp_path / "grades-canvas.csv").open()))
     assert canvas[0][-1] == "Exercise 90" and canvas[1][-1] == "3" and ["dee", "", "", "dee", "", "2"] in canvas
-    assert ["eve", "1"] in list(csv.reader((tmp_path / "grades-moodle.csv").open()))
+    assert ["bob", "", "", "bob", "", ""] in canvas  # nothing handed in: blank ("no change"), not a grade of 0
+    assert ["eve", "eve", "", "", "1"] in list(csv.reader((tmp_path / "grades-moodle.csv").open()))
 
     # The instructor fixes a check (doubling is now judged on a negative input too) and grades again against the
     # previous grades: the report names the students, exercises and checks whose outcome changed.
@@ -392,7 +393,7 @@ def test_ctrl_c_at_any_moment_leaves_one_complete_set(tmp_path: Path, extra: Pat
     assert "are this run's, complete" in errors[0]
     rows = {gradebook.from_csv_cell(r["student"]): r for r in csv.DictReader((out.parent / "grades.csv").open())}
     assert rows["ada"]["ex90"] == "2" and rows["=1+1 Zoë"]["ex90"] == "3"
-    assert ["ada", "2"] in list(csv.reader((out.parent / "grades-moodle.csv").open(encoding="utf-8")))
+    assert ["ada", "ada", "", "", "2"] in list(csv.reader((out.parent / "grades-moodle.csv").open(encoding="utf-8")))
     assert json.loads((out.parent / "grades-feedback" / "ada" / "results.json").read_text())["score"] == 2
     assert "ada ex90: 3 -> 2  ('doubles' now failed)" in (out.parent / "grades-regrade.txt").read_text()
 
@@ -585,6 +586,32 @@ def test_in_process_grading_puts_back_what_learner_code_replaced_in_torch() -> N
     assert torch.compile is original and torch.get_float32_matmul_precision() == precision
     check("91", ns)
     assert torch.compile is original and torch.get_float32_matmul_precision() == precision
+
+
+def test_grade_joins_a_roster_into_the_exports_and_sets_aside_whom_it_cannot_map(tmp_path: Path, extra: Path,
+                                                                                  monkeypatch, capsys) -> None:
+    from course_lib.grading import grade
+
+    subs, out = tmp_path / "class", tmp_path / "out" / "grades.csv"
+    (subs / "ada").mkdir(parents=True)
+    (tmp_path / "roster.csv").write_text("folder,login,name,email\nada,ada.l,Ada,ada@example.edu\n", encoding="utf-8")
+    monkeypatch.setattr(grade, "grade_class", lambda *a, **k: _toy_table(doubles_passed=True))
+    command = [str(subs), "--out", str(out), "--exercises", "90", "--extra-tests", str(extra),
+               "--roster", str(tmp_path / "roster.csv"), "--id-column", "email"]
+    assert grade_main(command) == 0
+    err = capsys.readouterr().err
+    assert "warning: 1 graded student(s) are in no export" in err and "=1+1 Zoë" in err, err
+    moodle = list(csv.reader((out.parent / "grades-moodle.csv").open(encoding="utf-8")))
+    assert moodle[1:] == [["Ada", "ada.l", "ada@example.edu", "", "3"]]
+    unmapped = list(csv.reader((out.parent / "grades-unmapped.csv").open(encoding="utf-8")))
+    assert unmapped[1] == ["'=1+1 Zoë", "not on the roster", "3"]
+    (tmp_path / "roster.csv").write_text("folder,login,name,email\nada,ada.l,Ada,ada@example.edu\n"
+                                         "=1+1 Zoë,zoe,Zoë,zoe@example.edu\n", encoding="utf-8")
+    assert grade_main(command) == 0
+    assert not (out.parent / "grades-unmapped.csv").exists()  # last run's list is not left beside this run's set
+    with pytest.raises(SystemExit):
+        grade_main([*command[:-4], "--roster", str(tmp_path / "missing.csv")])
+    assert "--roster" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- what is graded as whose work, and where it goes

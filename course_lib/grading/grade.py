@@ -43,6 +43,7 @@ from course_lib.grading.runner import (
     DEFAULT_TIMEOUT_S,
     GRADED,
     INTERRUPTED,
+    MISSING,
     REFUSED,
     NotebookGrade,
     failed_result,
@@ -221,14 +222,25 @@ def write_feedback(table: Table, exercises: list[str], folder: Path, grader: str
         (target / "feedback.txt").write_text(feedback_text(student, per_ex, exercises), encoding="utf-8")
 
 
-def write_gradebooks(table: Table, exercises: list[str], out: Path) -> list[Path]:
-    """``<out>-canvas.csv`` and ``<out>-moodle.csv`` beside the CSV: the points in the platforms' import layouts."""
-    points = {student: {n: per_ex[n].earned for n in exercises} for student, per_ex in table.items()}
+def not_handed_in(grade: NotebookGrade) -> bool:
+    """Missing, or handed in with every check 'not attempted yet': blank in the exports, not 0 (a grade)."""
+    return grade.status == MISSING or (grade.status == GRADED and bool(grade.results) and all(
+        not r.passed and r.message.startswith("not attempted yet") for r in grade.results))
+
+
+def write_gradebooks(table: Table, exercises: list[str], out: Path, roster: dict[str, gradebook.Person] | None = None,
+                     id_column: str = "login") -> gradebook.Export:
+    """``<out>-canvas.csv`` and ``<out>-moodle.csv`` beside the CSV (the points in the platforms' import layouts,
+    joined with ``roster``), and ``<out>-unmapped.csv`` when a graded student cannot be matched."""
+    points = {student: {n: None if not_handed_in(per_ex[n]) else per_ex[n].earned for n in exercises}
+              for student, per_ex in table.items()}
     possible = {n: max(per_ex[n].points for per_ex in table.values()) for n in exercises}
-    written = [out.with_name(f"{out.stem}-canvas.csv"), out.with_name(f"{out.stem}-moodle.csv")]
-    gradebook.write_canvas_csv(points, possible, written[0])
-    gradebook.write_moodle_csv(points, possible, written[1])
-    return written
+    export = gradebook.build_export(points, possible, roster, id_column)
+    gradebook.write_canvas_csv(export, out.with_name(f"{out.stem}-canvas.csv"))
+    gradebook.write_moodle_csv(export, out.with_name(f"{out.stem}-moodle.csv"))
+    if export.unmapped:
+        gradebook.write_unmapped_csv(export, out.with_name(f"{out.stem}-unmapped.csv"))
+    return export
 
 
 def regrade_lines(previous: gradebook.PreviousRun, table: Table, exercises: list[str], grader: str) -> str:
@@ -286,6 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--extra-tests", type=Path, action="append", default=[], help="folder of instructor checks")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per notebook")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="notebooks graded at once")
+    parser.add_argument("--roster", type=Path, metavar="CSV", help="students' login, name, email, sis_id, section "
+                        "per folder, joined into the Canvas and Moodle exports (header: folder or login, ...)")
+    parser.add_argument("--id-column", choices=sorted(gradebook.ID_COLUMNS), default="login",
+                        help="the roster field the platform matches students by (default: login)")
     parser.add_argument("--regrade", type=Path, metavar="OLD_CSV",
                         help="a previous run's grades.csv: report what changed, per student, exercise and check")
     args = parser.parse_args(argv)
@@ -307,6 +323,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = _output_problem(args.out, feedback)
     if problem:  # before any grading: a class's worth of work is not lost to a CSV that cannot be written
         parser.error(problem)
+    roster = None
+    if args.roster is not None:
+        try:
+            roster = gradebook.read_roster(args.roster)
+        except ValueError as exc:
+            parser.error(str(exc))
     previous = None
     if args.regrade is not None:  # read now: the new run may overwrite those very files
         try:
@@ -335,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     staging = None
     try:
         staging = Staging(outputs)
-        write_set(staging, table, exercises, grader, report)
+        export = write_set(staging, table, exercises, grader, report, roster, args.id_column)
         staging.publish()
     except KeyboardInterrupt:
         if staging is not None and staging.published:
@@ -353,17 +375,24 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{feedback}/<student>/results.json, feedback.txt; grader {grader}")
     if report is not None:
         print(f"\n{report}\n(also in {outputs.regrade})")
+    if export.unmapped:
+        names = ", ".join(printable(folder) for folder, _, _ in export.unmapped)
+        print(f"warning: {len(export.unmapped)} graded student(s) are in no export, as the platform could not match "
+              f"them by {args.id_column} ({names}): their points are in {outputs.unmapped}; add them to the roster "
+              "or enter them by hand", file=sys.stderr)
     return 0
 
 
-def write_set(staging: Staging, table: Table, exercises: list[str], grader: str, report: str | None) -> None:
+def write_set(staging: Staging, table: Table, exercises: list[str], grader: str, report: str | None,
+              roster: dict[str, gradebook.Person] | None = None, id_column: str = "login") -> gradebook.Export:
     """Every file of one run, into ``staging`` (:meth:`Staging.publish` then swaps them in whole)."""
     csv_path = staging.path(staging.outputs.csv)
     write_csv(table, exercises, csv_path, grader)
     write_feedback(table, exercises, staging.feedback, grader)
-    write_gradebooks(table, exercises, csv_path)
+    export = write_gradebooks(table, exercises, csv_path, roster, id_column)
     if report is not None:
         atomic.write_text(staging.path(staging.outputs.regrade), report + "\n")
+    return export
 
 
 def _kept(outputs: OutputSet) -> str:

@@ -4,8 +4,10 @@
   package, the checks, the instructor's extra checks). ``grades.csv`` and each ``results.json`` record it.
 * :func:`regrade_report` -- after ``grade --regrade OLD.csv``: per student and exercise, the points before and now
   and the checks whose outcome changed (read from the old run's ``results.json`` files).
-* :func:`write_canvas_csv`, :func:`write_moodle_csv` -- the same points in the CSV layouts Canvas's and Moodle's
-  grade import read. Students are matched by login: name each student's folder with their platform login.
+* :func:`read_roster`, :func:`build_export`, :func:`write_canvas_csv`, :func:`write_moodle_csv` -- the same points
+  in the CSV layouts Canvas's and Moodle's grade imports read, joined with a roster (login, name, email, SIS id,
+  section per student folder; without one the folder name is the login). Missing or not attempted work is blank,
+  never 0 (both read a blank as "no change"); a student the platform could not match is written aside.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from course_lib import __version__, atomic
 
 GRADING_DIR = Path(__file__).resolve().parent
 CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
-MOODLE_IDENTITY = ["Username"]
+MOODLE_IDENTITY = ["Full name", "Username", "Email address", "ID number"]
 
 
 def grader_version(extra_dirs: Iterable[Path] = ()) -> str:
@@ -38,32 +40,123 @@ def exercise_column(number: str) -> str:
     return f"Exercise {number}"
 
 
+# --- the roster and the platforms' imports ------------------------------------------------------------------------
+ROSTER_FIELDS = ("folder", "login", "name", "email", "sis_id", "section", "canvas_id")
+# --id-column: the roster field a platform matches students by, and the column it is in in each export.
+ID_COLUMNS = {"login": ("SIS Login ID", "Username"), "email": (None, "Email address"),
+              "sis_id": ("SIS User ID", "ID number"), "canvas_id": ("ID", None)}
+
+
+@dataclass(frozen=True)
+class Person:
+    """One roster row: ``folder`` is the class folder's sub-folder of this student (their login when not given)."""
+
+    folder: str
+    login: str = ""
+    name: str = ""
+    email: str = ""
+    sis_id: str = ""
+    section: str = ""
+    canvas_id: str = ""
+
+
+def read_roster(path: Path) -> dict[str, Person]:
+    """``{folder: Person}`` from a CSV with a header naming some of :data:`ROSTER_FIELDS` (``folder`` or ``login``
+    required); a clear ``ValueError`` naming the row at fault otherwise."""
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as handle:  # -sig: a spreadsheet's UTF-8 mark
+            rows = list(csv.DictReader(handle))
+            header = [h.strip().lower() for h in (rows[0].keys() if rows else [])]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"--roster {path}: cannot be read ({exc}); give a UTF-8 CSV") from exc
+    if "folder" not in header and "login" not in header:
+        raise ValueError(f"--roster {path}: the header needs a 'folder' or 'login' column (it has "
+                         f"{', '.join(header) or 'none'}); columns read: {', '.join(ROSTER_FIELDS)}")
+    roster: dict[str, Person] = {}
+    for line, row in enumerate(rows, start=2):
+        fields = {k.strip().lower(): from_csv_cell((v or "").strip()) for k, v in row.items() if k}
+        known = {k: v for k, v in fields.items() if k in ROSTER_FIELDS}
+        known["folder"] = known.get("folder") or known.get("login", "")
+        if not known["folder"]:
+            raise ValueError(f"--roster {path}, line {line}: no folder and no login; fill one in or delete the row")
+        if known["folder"] in roster:
+            raise ValueError(f"--roster {path}, line {line}: {known['folder']!r} is on the roster twice")
+        roster[known["folder"]] = Person(**known)
+    return roster
+
+
+@dataclass
+class Export:
+    """The rows both exports hold: who (a roster row) and their points per exercise (None: missing or not attempted,
+    written blank, which both platforms read as "no change"; 0 is a grade)."""
+
+    possible: dict[str, int]
+    rows: list[tuple[Person, dict[str, int | None]]]
+    unmapped: list[tuple[str, str, dict[str, int | None]]] = field(default_factory=list)  # folder, why, points
+
+
+def build_export(points: Mapping[str, Mapping[str, int | None]], possible: Mapping[str, int],
+                 roster: Mapping[str, Person] | None = None, id_column: str = "login") -> Export:
+    """Join the points with the roster: a graded folder the roster does not name, or whose roster row lacks
+    ``id_column``, is set aside (``unmapped``: an unknown user makes Moodle refuse the whole file); a roster student
+    with no folder gets a row of blanks."""
+    export = Export(dict(possible), [])
+    if roster is None:  # the folder name is the login
+        export.rows = [(Person(folder, login=folder, name=folder), dict(per_ex)) for folder, per_ex in points.items()]
+    else:
+        for folder, per_ex in points.items():
+            person = roster.get(folder)
+            if person is None:
+                export.unmapped.append((folder, "not on the roster", dict(per_ex)))
+            elif not getattr(person, id_column):
+                export.unmapped.append((folder, f"the roster gives no {id_column}", dict(per_ex)))
+            else:
+                export.rows.append((person, dict(per_ex)))
+        blanks: dict[str, int | None] = dict.fromkeys(possible)
+        export.rows += [(p, dict(blanks)) for folder, p in roster.items() if folder not in points and
+                        getattr(p, id_column)]
+    return export
+
+
 def _write_table(out: Path, header: list[str], rows: Iterable[list[Any]]) -> None:
     def write_rows(handle: IO[str]) -> None:
         writer = csv.writer(handle)
         writer.writerow(header)
-        writer.writerows(rows)
+        writer.writerows([csv_cell("" if c is None else c) for c in row] for row in rows)
 
     atomic.write_with(out, write_rows, encoding="utf-8", newline="")
 
 
-def write_canvas_csv(points: Mapping[str, Mapping[str, int]], possible: Mapping[str, int], out: Path) -> None:
+def write_canvas_csv(export: Export, out: Path) -> None:
     """Canvas's gradebook import: ``Student, ID, SIS User ID, SIS Login ID, Section``, one column per exercise, a
-    ``Points Possible`` row. The student's folder name goes to *SIS Login ID* (what Canvas matches on when the
-    Canvas ``ID`` is empty) and *Student*."""
-    exercises = list(possible)
+    ``Points Possible`` row. Canvas matches a row by ``ID``, else ``SIS User ID``, else ``SIS Login ID``."""
+    exercises = list(export.possible)
     header = CANVAS_IDENTITY + [exercise_column(n) for n in exercises]
-    rows = [["    Points Possible", "", "", "", "", *(possible[n] for n in exercises)]]
-    rows += [[student, "", "", student, "", *(per_ex[n] for n in exercises)] for student, per_ex in points.items()]
+    rows: list[list[Any]] = [["    Points Possible", "", "", "", "", *(export.possible[n] for n in exercises)]]
+    rows += [[p.name or p.folder, p.canvas_id, p.sis_id, p.login, p.section, *(per_ex[n] for n in exercises)]
+             for p, per_ex in export.rows]
     _write_table(out, header, rows)
 
 
-def write_moodle_csv(points: Mapping[str, Mapping[str, int]], possible: Mapping[str, int], out: Path) -> None:
-    """Moodle's "Import grades: CSV file": a ``Username`` column to map users by, one column per exercise (each
-    mapped to a grade item when importing)."""
-    exercises = list(possible)
-    header = MOODLE_IDENTITY + [exercise_column(n) for n in exercises]
-    _write_table(out, header, [[student, *(per_ex[n] for n in exercises)] for student, per_ex in points.items()])
+def moodle_column(number: str, possible: int) -> str:
+    """``Exercise 05 (max 5)``: Moodle's CSV import reads no maximum, so the header says what to create."""
+    return f"{exercise_column(number)} (max {possible})"
+
+
+def write_moodle_csv(export: Export, out: Path) -> None:
+    """Moodle's "Import grades: CSV file": ``Full name, Username, Email address, ID number`` (map users from the
+    column of ``--id-column``), one column per exercise, to map to a grade item whose maximum the header gives."""
+    exercises = list(export.possible)
+    header = MOODLE_IDENTITY + [moodle_column(n, export.possible[n]) for n in exercises]
+    _write_table(out, header, [[p.name or p.folder, p.login, p.email, p.sis_id, *(per_ex[n] for n in exercises)]
+                               for p, per_ex in export.rows])
+
+
+def write_unmapped_csv(export: Export, out: Path) -> None:
+    """The graded students no export holds (``grades-unmapped.csv``): folder, why, points; to enter by hand."""
+    exercises = list(export.possible)
+    _write_table(out, ["folder", "why", *(exercise_column(n) for n in exercises)],
+                 [[folder, why, *(per_ex[n] for n in exercises)] for folder, why, per_ex in export.unmapped])
 
 
 # --- regrades -----------------------------------------------------------------------------------------------------
