@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("course_lib.grading.check:main", "grade your own exercises/ and print a score table"),
     "progress": ("course_lib.room:progress_main", "your lessons, predictions and checks; `export`: for the room"),
     "class": ("course_lib.room:class_main", "instructor: `class report FOLDER`, the room's measurements side by side"),
+    "collect": ("course_lib.grading.collect:main", "instructor: a Canvas or Moodle download into the class layout"),
     "grade": ("course_lib.grading.grade:main", "instructor: grade a folder of student submissions into a CSV"),
     "site": ("course_lib.website:main", "build the course website: lessons executed with their outputs (COURSE_MODE)"),
     "lab": ("course_lib.lab:main", "launch JupyterLab on the welcome notebook (127.0.0.1, with a token)"),

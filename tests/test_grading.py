@@ -735,3 +735,58 @@ def test_the_grader_judges_under_a_memory_limit(tmp_path: Path, extra: Path) -> 
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "limit 8192" in proc.stdout and "MemoryError" in proc.stdout, proc.stdout[-500:]
+
+
+# ---------------------------------------------------------------- hand-ins as the platforms give them
+
+
+def test_canvas_and_moodle_downloads_are_collected_and_graded_with_no_missing_exercise(tmp_path: Path, extra: Path,
+                                                                                     capsys) -> None:
+    """Seen: a Canvas zip and a Moodle download had to be unpacked and renamed by hand, and any name grade did not
+    know scored 0 as missing, silently."""
+    import zipfile
+
+    from course_lib.grading.collect import main as collect_main
+
+    notebook_bytes = toy_notebook(tmp_path / "made" / "90_toy.ipynb").read_bytes()
+    canvas = tmp_path / "submissions.zip"
+    with zipfile.ZipFile(canvas, "w") as archive:
+        for name in ("ada_101_9001_90_toy.ipynb", "bob_late_102_9002_Copy of 90_toy.ipynb",
+                     "cy_103_9003_90_toy-1.ipynb", "dee_smith_104_9004_Dee's 90 Toy final.ipynb"):
+            archive.writestr(name, notebook_bytes)
+        archive.writestr("ada_101_9006_notes.txt", b"my notes")
+    moodle = tmp_path / "moodle"
+    for folder, name in (("Zoë O'Brien_201_assignsubmission_file_", "90_toy (1).ipynb"),
+                         ("Ada Lovelace_202_assignsubmission_file_", "ex90 toy.ipynb")):
+        (moodle / folder).mkdir(parents=True)
+        (moodle / folder / name).write_bytes(notebook_bytes)
+    moodle_zip = tmp_path / "moodle.zip"
+    with zipfile.ZipFile(moodle_zip, "w") as archive:
+        for path in sorted(moodle.rglob("*.ipynb")):
+            archive.write(path, str(path.relative_to(moodle)))
+    titles = ["--titles-from", str(tmp_path / "made")]  # the toy exercise's title (the course's come from its checks)
+
+    assert collect_main(["--canvas", str(canvas), "--into", str(tmp_path / "c"), *titles]) == 0
+    err = capsys.readouterr().err
+    assert "warning: ada: 'notes.txt' is not graded" in err, err
+    assert "dee_smith: handed in as \"Dee's 90 Toy final.ipynb\", saved as 90_toy.ipynb" in err, err
+    assert collect_main(["--moodle", str(moodle_zip), "--into", str(tmp_path / "m"), *titles]) == 0
+    assert collect_main(["--moodle", str(moodle), "--into", str(tmp_path / "m2"), *titles]) == 0
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["Ada Lovelace", "Zoë O'Brien", "collected.csv"]
+    assert sorted(str(p.relative_to(tmp_path / "m")) for p in (tmp_path / "m").rglob("*.ipynb")) == sorted(
+        str(p.relative_to(tmp_path / "m2")) for p in (tmp_path / "m2").rglob("*.ipynb"))
+    with pytest.raises(SystemExit):  # never mixed into a class folder that holds hand-ins already
+        collect_main(["--canvas", str(canvas), "--into", str(tmp_path / "c")])
+
+    flags = {}
+    for layout in ("c", "m"):
+        out = tmp_path / f"grades-{layout}.csv"
+        assert grade_main([str(tmp_path / layout), "--out", str(out), "--exercises", "90", "--extra-tests", str(extra),
+                           "--jobs", "2", "--timeout", "60"]) == 0
+        for row in csv.DictReader(out.open(encoding="utf-8")):
+            assert (row["ex90"], row["status"]) == ("3", "graded"), row
+            flags[row["student"]] = row["flags"]
+    assert set(flags) == {"ada", "bob", "cy", "dee_smith", "Ada Lovelace", "Zoë O'Brien"}
+    assert "late" in flags["bob"] and "a renamed copy" in flags["bob"] and "a renamed copy" in flags["cy"]
+    assert "handed in as \"Dee's 90 Toy final.ipynb\"" in flags["dee_smith"]
+    assert "handed in as 'ex90 toy.ipynb'" in flags["Ada Lovelace"] and flags["ada"] == ""

@@ -37,6 +37,7 @@ from course_lib.grading.api import (
     normalise_exercise,
     printable,
 )
+from course_lib.grading.collect import collected_note
 from course_lib.grading.outputs import OutputSet, Staging
 from course_lib.grading.report import format_results, shorten
 from course_lib.grading.runner import (
@@ -111,7 +112,8 @@ def grade_class(submissions: Path, exercises: list[str], *, timeout_s: float, ex
                     continue
                 futures[student.name, number] = pool.submit(
                     grade_notebook, path, number, timeout_s=timeout_s, extra_dirs=extra_dirs, threads=threads)
-                notes[student.name, number] = renamed_note(path) if path is not None else ""
+                notes[student.name, number] = "; ".join(filter(None, (renamed_note(path), collected_note(path)))) \
+                    if path is not None else ""
         try:
             for (student, number), future in futures.items():
                 table[student][number] = future.result()
