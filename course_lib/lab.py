@@ -457,8 +457,11 @@ def wait_until_ready(cmd: LabCommand, process: subprocess.Popen, timeout: float 
 
 
 def verify_locked(cmd: LabCommand) -> None:
-    """Raise :class:`LabError` unless a request *without* the token is refused (401/403, or a redirect to login)."""
-    status = _http_status(cmd, "/api/contents", None)
+    """Raise :class:`LabError` unless a request *without* the token is refused (401/403, or a redirect to login).
+
+    It asks for the lab's page, which a locked server answers with a redirect to its login page: an API path would
+    be refused as well, but the server logs that refusal as an error ("wrote error: 'Forbidden'") at every start."""
+    status = _http_status(cmd, "/lab", None)
     if status in (401, 403) or 300 <= status < 400:
         return
     config_dir = os.environ.get("JUPYTER_CONFIG_DIR") or str(Path.home() / ".jupyter")

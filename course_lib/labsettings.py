@@ -1,4 +1,4 @@
-"""JupyterLab defaults the course needs: save widget state with the notebook, and no news pop-up.
+"""JupyterLab defaults the course needs: save widget state with the notebook, no autosave, and no news pop-up.
 
 A lesson asks its predictions with ipywidgets. When a learner saves a lesson and opens it again later, the kernel
 that owned those widgets is gone; unless the notebook carries the widgets' state, JupyterLab can only show
@@ -6,7 +6,8 @@ that owned those widgets is gone; unless the notebook carries the widgets' state
 (``@jupyter-widgets/jupyterlab-manager``, plugin ``plugin``) writes that state into the notebook when its
 ``saveState`` setting is on, and it is off by default. And an offline-first course does not let JupyterLab ask, over
 the first lesson, whether to fetch news from the internet (``@jupyterlab/apputils-extension:notification``:
-``fetchNews`` "false", no update check).
+``fetchNews`` "false", no update check). Autosave is off (``@jupyterlab/docmanager-extension:plugin``): running a
+lesson never changes it on disk; only the learner's own save does.
 
 :func:`ensure_course_settings` writes both as JupyterLab *settings overrides*: a default written to
 ``{sys.prefix}/share/jupyter/lab/settings/overrides.json`` (the app settings folder of this environment), merged
@@ -26,13 +27,17 @@ from course_lib import atomic
 
 WIDGETS_PLUGIN = "@jupyter-widgets/jupyterlab-manager:plugin"
 NOTIFICATION_PLUGIN = "@jupyterlab/apputils-extension:notification"
+DOCMANAGER_PLUGIN = "@jupyterlab/docmanager-extension:plugin"
 COURSE_OVERRIDES: dict[str, dict[str, Any]] = {
     WIDGETS_PLUGIN: {"saveState": True},
+    # Running a lesson must not write it: JupyterLab's autosave wrote every lesson run (sometimes half-finished),
+    # and the next `git pull` conflicted. A lesson changes on disk only when the learner saves it.
+    DOCMANAGER_PLUGIN: {"autosave": False},
     NOTIFICATION_PLUGIN: {"fetchNews": "false", "checkForUpdates": False},
 }
 
-__all__ = ["WIDGETS_PLUGIN", "NOTIFICATION_PLUGIN", "COURSE_OVERRIDES", "overrides_path", "merged_overrides",
-           "ensure_course_settings"]
+__all__ = ["WIDGETS_PLUGIN", "NOTIFICATION_PLUGIN", "DOCMANAGER_PLUGIN", "COURSE_OVERRIDES", "overrides_path",
+           "merged_overrides", "ensure_course_settings"]
 
 
 def overrides_path(app_settings_dir: str | os.PathLike[str] | None = None) -> Path:

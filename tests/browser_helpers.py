@@ -27,11 +27,10 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync",
 ]
 
-# User settings for the test server: no news/update toasts over the notebook, no autosave (the served files are
-# copies, but a saved notebook full of outputs would still be noise), no "kernel is busy" dialogs.
+# User settings for the test server: no news/update toasts over the notebook, no "kernel is busy" dialogs. Autosave
+# is left to the course's own settings overrides (off), which the tests check.
 TEST_USER_SETTINGS = {
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
-    "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
     # Render every cell (no virtual scrolling), so the test sees all outputs of a long notebook.
     "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
 }

@@ -665,3 +665,38 @@ def test_each_question_of_a_cell_opens_its_own_reveal(page, lab_server):
     text = outputs_text(page)
     assert "MEASURED-42" in text and "You predicted: large" in text and HELD not in text, text
     shot(page.locator(".jp-NotebookPanel"), "two-questions-answered")
+
+
+def close_current_tab(page) -> bool:
+    """Close the current tab as a learner would; True when JupyterLab asked something first (a dialog)."""
+    page.evaluate("() => { window.jupyterapp.commands.execute('application:close'); }")
+    try:
+        page.wait_for_selector(".jp-Dialog", timeout=3_000)
+        return True
+    except Exception:  # no dialog: the tab closed straight away
+        return False
+
+
+def test_a_lesson_opens_unmodified_and_running_it_writes_nothing(page, lab_server, served_root):
+    """Seen: every lesson showed the unsaved-changes dot as soon as it opened ("Save your work?" on closing it), and
+    autosave wrote lessons nobody saved. Now: open + close asks nothing; Run All then close with Discard leaves the
+    file as stored (autosave is off through the course's settings overrides)."""
+    rel = "notebooks/03_modules.ipynb"
+    before = (served_root / rel).read_bytes()
+    open_notebook(page, lab_server, rel)
+    plugin = page.evaluate("""async () => await window.jupyterapp.serviceManager.settings.fetch(
+        '@jupyterlab/docmanager-extension:plugin')""")
+    assert plugin["schema"]["properties"]["autosave"]["default"] is False and \
+        "autosave" not in plugin.get("settings", {}), f"the course's settings should turn autosave off: {plugin}"
+    page.wait_for_timeout(2_000)  # the kernel's metadata has arrived (open_notebook ran a probe on it)
+    dirty = page.evaluate("() => window.jupyterapp.shell.currentWidget.context.model.dirty")
+    asked = close_current_tab(page)
+    assert not dirty and not asked, "opening a lesson marked it modified"
+
+    open_notebook(page, lab_server, rel)
+    run_all_cells(page)
+    assert close_current_tab(page), "closing a lesson that ran should offer to save it"
+    page.locator(".jp-Dialog button", has_text=re.compile("^Discard$")).click()
+    page.wait_for_selector(".jp-Dialog", state="detached", timeout=10_000)
+    page.wait_for_timeout(1_000)
+    assert (served_root / rel).read_bytes() == before, f"running {rel} and discarding changed it on disk"

@@ -314,3 +314,40 @@ def test_ports_the_lab_picks_stay_out_of_the_ephemeral_range() -> None:
                 pytest.skip(f"port {port} is in use here")
         with pytest.raises(lab.LabError, match="all in use"):  # the next free ports are ephemeral: not taken
             lab.choose_port(start)
+
+
+@pytest.mark.slow
+def test_a_lab_start_logs_no_warning_and_serves_a_lesson_as_its_kernel_will_fill_it(tmp_path):
+    """Seen at every start: "Overriding existing pre_save_hook (keep_stored_metadata)" and "wrote error:
+    'Forbidden'" (the launcher's lock check). And a stored lesson is served with the metadata its kernel will report
+    (so JupyterLab finds nothing to change on opening it), while saving it back writes the stored bytes."""
+    import json
+
+    from course_lib.labcontents import kernel_language_info
+
+    root = _notebook_tree(tmp_path / "root")
+    lesson = root / "lesson.ipynb"
+    stored = ('{\n "cells": [],\n "metadata": {\n  "kernelspec": {\n   "display_name": "Python 3",\n   "language": '
+              '"python",\n   "name": "python3"\n  },\n  "language_info": {\n   "name": "python"\n  }\n },\n'
+              ' "nbformat": 4,\n "nbformat_minor": 5\n}\n')
+    lesson.write_text(stored)
+    with running_lab(root, tmp_path / "state") as server:
+        lab.verify_locked(server.command)
+        import urllib.request
+
+        def api(method: str, body: dict | None = None) -> dict:
+            request = urllib.request.Request(
+                f"{server.command.base_url}/api/contents/lesson.ipynb", method=method,
+                data=None if body is None else json.dumps(body).encode(),
+                headers={"Authorization": f"token {server.command.token}", "Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())
+
+        served = api("GET")["content"]["metadata"]
+        assert served["language_info"] == kernel_language_info()
+        assert served["kernelspec"]["name"] == "python3" and served["kernelspec"]["display_name"] != "Python 3"
+        api("PUT", {"type": "notebook", "format": "json", "content": api("GET")["content"]})
+        assert lesson.read_text() == stored, "saving the served lesson changed it on disk"
+        time.sleep(1)  # let the server write its log
+        log = server.log_path.read_text(errors="replace")
+    assert "Overriding existing pre_save_hook" not in log and "wrote error" not in log, log[-3000:]

@@ -1,5 +1,6 @@
 """Loaded by Jupyter (not imported): the course lab's token wins over any token in the user's configuration, and
-saving an untouched course notebook writes it back unchanged (:func:`course_lib.nbclean.keep_stored_metadata`)."""
+a course notebook opens unmodified and saving an untouched one writes it back unchanged
+(:mod:`course_lib.labcontents`)."""
 
 import os
 
@@ -12,6 +13,4 @@ if c is not None and os.environ.get("JUPYTER_TOKEN"):
     c.IdentityProvider.token = os.environ["JUPYTER_TOKEN"]
 
 if c is not None:
-    from course_lib.nbclean import keep_stored_metadata
-
-    c.ContentsManager.pre_save_hook = keep_stored_metadata
+    c.ServerApp.contents_manager_class = "course_lib.labcontents.CourseContentsManager"
