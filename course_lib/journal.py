@@ -9,12 +9,16 @@ record at once), and only by runs a person is looking at: tests, the site build 
 (``COURSE_UNATTENDED=1``) record nothing. A missing file is an empty journal; a damaged one is set aside
 (``progress.json.damaged``) with one line on stderr and a new one begun: it never stops a lesson.
 
-Where: ``$COURSE_PROGRESS_FILE`` if set, else ``.cache/progress.json`` in the course's clone, else
-``~/.cache/course_lib/progress.json`` (an installed course, a hosted kernel).
+Where: ``$COURSE_PROGRESS_FILE`` if set, else ``progress/<user>.json`` in the course's data folder
+(:func:`course_lib.mode.data_dir`, ``~/.cache/course_lib`` unless ``COURSE_DATA_DIR`` says otherwise): one file per
+learner, also when a class shares one data folder, and never inside the clone, which every process using that
+checkout would share. A journal an earlier version kept in the clone (``.cache/progress.json``) is carried over the
+first time the new one is written.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import sys
@@ -33,13 +37,26 @@ __all__ = ["path", "load", "lesson_run", "prediction_answered", "exercise_checke
            "current_notebook", "summary_markdown", "show"]
 
 
+LEGACY_PATH = COURSE_ROOT / ".cache" / "progress.json"  # where earlier versions kept it, in the clone
+
+
+def _learner() -> str:
+    """The learner's account name (the uid where the system has no name for it)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid{os.getuid()}" if hasattr(os, "getuid") else "learner"
+
+
 def path() -> Path:
     """Where the journal lives (see the module's docstring)."""
     if os.environ.get("COURSE_PROGRESS_FILE"):
         return Path(os.environ["COURSE_PROGRESS_FILE"]).expanduser()
-    if (COURSE_ROOT / "pyproject.toml").is_file() and (COURSE_ROOT / "notebooks").is_dir():
-        return COURSE_ROOT / ".cache" / "progress.json"
-    return Path.home() / ".cache" / "course_lib" / "progress.json"
+    try:
+        folder = mode.data_dir()
+    except mode.SettingError:  # a data folder that is a file: the lessons say so; the journal never stops one
+        folder = Path.home() / ".cache" / "course_lib"
+    return folder / "progress" / f"{_learner()}.json"
 
 
 def _empty() -> dict[str, Any]:
@@ -52,6 +69,8 @@ def load(where: Path | None = None) -> dict[str, Any]:
     try:
         data = json.loads(where.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if where != LEGACY_PATH and LEGACY_PATH.is_file() and not os.environ.get("COURSE_PROGRESS_FILE"):
+            return load(LEGACY_PATH)  # kept in the clone by an earlier version: carried over on the next write
         return _empty()
     except (OSError, ValueError) as exc:
         _set_aside(where, exc)

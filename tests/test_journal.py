@@ -150,3 +150,51 @@ def test_progress_piped_into_head_says_nothing_on_stderr(tmp_path: Path) -> None
     finally:
         os.close(write_end)
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_progress_is_kept_per_learner_in_the_data_folder_not_in_the_clone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen: every process and kernel using a checkout shared its `.cache/progress.json`. Now each learner has a
+    file under the course's data folder (a class may share one), and a journal left in the clone is carried over."""
+    import getpass
+
+    monkeypatch.delenv("COURSE_PROGRESS_FILE", raising=False)
+    monkeypatch.delenv("COURSE_UNATTENDED", raising=False)
+    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path / "data"))
+    legacy = tmp_path / "clone" / ".cache" / "progress.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(json.dumps({"version": 1, "lessons": {}, "exercises": {"03": {"earned": 2, "possible": 4,
+                                                                                     "at": "2026-01-01"}}}))
+    monkeypatch.setattr(journal, "LEGACY_PATH", legacy)
+    for learner in ("ada", "grace"):
+        monkeypatch.setattr(getpass, "getuser", lambda learner=learner: learner)
+        assert journal.path() == tmp_path / "data" / "progress" / f"{learner}.json"
+        journal.exercise_checked(f"0{len(learner)}", 1, 2)
+    ada = json.loads((tmp_path / "data" / "progress" / "ada.json").read_text())["exercises"]
+    grace = json.loads((tmp_path / "data" / "progress" / "grace.json").read_text())["exercises"]
+    assert set(ada) == {"03"} and set(grace) == {"03", "05"}  # each their own, the clone's carried over
+    assert not journal.path().is_relative_to(journal.COURSE_ROOT)
+
+
+def _record_many(where: str, writer: int) -> None:
+    import os
+
+    os.environ["COURSE_PROGRESS_FILE"] = where
+    os.environ.pop("COURSE_UNATTENDED", None)
+    for i in range(15):
+        journal.exercise_checked(f"w{writer}-{i}", i, 15)
+
+
+def test_several_writers_at_once_lose_nothing(tmp_path: Path) -> None:
+    """Kernels of several lessons record at once: under the journal's lock no update is lost."""
+    import multiprocessing
+
+    where = str(tmp_path / "progress.json")
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_record_many, args=(where, n)) for n in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(60)
+    assert all(writer.exitcode == 0 for writer in writers)
+    assert len(json.loads(Path(where).read_text())["exercises"]) == 4 * 15
