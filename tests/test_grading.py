@@ -790,3 +790,45 @@ def test_canvas_and_moodle_downloads_are_collected_and_graded_with_no_missing_ex
     assert "late" in flags["bob"] and "a renamed copy" in flags["bob"] and "a renamed copy" in flags["cy"]
     assert "handed in as \"Dee's 90 Toy final.ipynb\"" in flags["dee_smith"]
     assert "handed in as 'ex90 toy.ipynb'" in flags["Ada Lovelace"] and flags["ada"] == ""
+
+
+def test_a_second_regrade_of_an_unchanged_class_runs_no_notebook(tmp_path: Path, extra: Path, monkeypatch,
+                                                                 capsys) -> None:
+    """Seen: --regrade re-ran every notebook (84 s against 77 s), and one student could not be graded alone."""
+    from course_lib.grading import grade
+
+    subs, out = tmp_path / "class", tmp_path / "grades.csv"
+    toy_notebook(subs / "ada" / "90_toy.ipynb")
+    toy_notebook(subs / "bob" / "90_toy.ipynb", double_body="return x + 2")
+    ran: list[str] = []
+    real = grade.grade_notebook
+    monkeypatch.setattr(grade, "grade_notebook",
+                        lambda path, *a, **k: ran.append(path.parent.name) or real(path, *a, **k))
+    command = [str(subs), "--out", str(out), "--exercises", "90", "--extra-tests", str(extra), "--jobs", "1"]
+
+    def run(*more: str) -> dict[str, dict[str, str]]:
+        ran.clear()
+        assert grade_main([*command, *more]) == 0
+        return {row["student"]: row for row in csv.DictReader(out.open(encoding="utf-8"))}
+
+    first = run()
+    assert sorted(ran) == ["ada", "bob"] and (first["ada"]["ex90"], first["bob"]["ex90"]) == ("3", "2")
+    feedback_before = (tmp_path / "grades-feedback" / "bob" / "feedback.txt").read_text()
+    again = run("--regrade", str(out))
+    assert ran == [] and again == first
+    assert "0 of 2 student(s) changed" in (tmp_path / "grades-regrade.txt").read_text()
+    assert (tmp_path / "grades-feedback" / "bob" / "feedback.txt").read_text() == feedback_before
+    assert "2 notebook(s) unchanged since they were graded: not run again" in capsys.readouterr().out
+
+    toy_notebook(subs / "bob" / "90_toy.ipynb")  # bob fixes his notebook: only his runs
+    fixed = run("--regrade", str(out))
+    assert ran == ["bob"] and fixed["bob"]["ex90"] == "3"
+    assert "bob ex90: 2 -> 3" in (tmp_path / "grades-regrade.txt").read_text()
+
+    toy_notebook(subs / "bob" / "90_toy.ipynb", half_body="return x")  # changed, but only ada is asked for
+    alone = run("--students", "ada")
+    assert ran == ["ada"] and alone["bob"]["ex90"] == "3" and "not graded again (--students)" in alone["bob"]["flags"]
+    assert sorted(run()) == ["ada", "bob"] and ran == ["bob"]  # bob's change is still seen as one
+    assert sorted(run("--no-reuse") and ran) == ["ada", "bob"]
+    with pytest.raises(SystemExit):
+        grade_main([*command, "--students", "nobody"])

@@ -40,6 +40,7 @@ from course_lib.grading.api import (
 from course_lib.grading.collect import collected_note
 from course_lib.grading.outputs import OutputSet, Staging
 from course_lib.grading.report import format_results, shorten
+from course_lib.grading.reuse import Reuse
 from course_lib.grading.runner import (
     DEFAULT_TIMEOUT_S,
     GRADED,
@@ -86,11 +87,12 @@ def _link_problem(path: Path, submissions: Path) -> str | None:
 
 
 def grade_class(submissions: Path, exercises: list[str], *, timeout_s: float, extra_dirs: list[Path],
-                jobs: int, outputs: Sequence[Path] = ()) -> Table:
+                jobs: int, outputs: Sequence[Path] = (), reuse: Reuse | None = None) -> Table:
     """``{student: {exercise: NotebookGrade}}`` for every student folder in ``submissions``.
 
     A student folder or notebook that is a link (to a classmate's work, to ``solutions/``) is refused: its
     exercises score nothing and the report says why. A renamed copy (``05_topic (1).ipynb``) is graded, with a note.
+    With ``reuse``, a notebook graded before and unchanged is not run again (:mod:`course_lib.grading.reuse`).
     """
     students = student_folders(submissions, outputs)
     runner.allow_starts()
@@ -99,6 +101,7 @@ def grade_class(submissions: Path, exercises: list[str], *, timeout_s: float, ex
     threads = max(1, (os.cpu_count() or 1) // jobs)
     table: Table = {s.name: {} for s in students}
     notes: dict[tuple[str, str], str] = {}
+    paths: dict[tuple[str, str], Path | None] = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {}
         for student in students:
@@ -110,14 +113,22 @@ def grade_class(submissions: Path, exercises: list[str], *, timeout_s: float, ex
                 if problem:
                     table[student.name][number] = _refused(number, extra_dirs, problem)
                     continue
-                futures[student.name, number] = pool.submit(
-                    grade_notebook, path, number, timeout_s=timeout_s, extra_dirs=extra_dirs, threads=threads)
                 notes[student.name, number] = "; ".join(filter(None, (renamed_note(path), collected_note(path)))) \
                     if path is not None else ""
+                paths[student.name, number] = path
+                previous, why = reuse.lookup(student.name, number, path) if reuse else (None, "")
+                if previous is not None:
+                    previous.note = "; ".join(filter(None, (notes[student.name, number], why)))
+                    table[student.name][number] = previous
+                    continue
+                futures[student.name, number] = pool.submit(
+                    grade_notebook, path, number, timeout_s=timeout_s, extra_dirs=extra_dirs, threads=threads)
         try:
             for (student, number), future in futures.items():
                 table[student][number] = future.result()
                 table[student][number].note = notes[student, number]
+                if reuse:
+                    reuse.keep(student, number, paths[student, number], table[student][number])
         except KeyboardInterrupt:  # keep what is graded; the rest says so, and nothing runs on
             finished = {key for key, future in futures.items() if future.done()}  # before any child is ended
             pool.shutdown(wait=False, cancel_futures=True)
@@ -304,6 +315,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "per folder, joined into the Canvas and Moodle exports (header: folder or login, ...)")
     parser.add_argument("--id-column", choices=sorted(gradebook.ID_COLUMNS), default="login",
                         help="the roster field the platform matches students by (default: login)")
+    parser.add_argument("--students", nargs="+", metavar="FOLDER", help="run only these students' notebooks; "
+                        "every other student keeps the previous run's grades")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="run every notebook, even one graded before and unchanged under the same grader")
     parser.add_argument("--regrade", type=Path, metavar="OLD_CSV",
                         help="a previous run's grades.csv: report what changed, per student, exercise and check")
     args = parser.parse_args(argv)
@@ -341,9 +356,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     sandbox.limit_own_memory()  # judging runs in this process: a bounded backstop beside the decoding cap
     print(sandbox.describe())
     outputs = OutputSet(args.out, feedback)
+    earlier = [feedback] + ([args.regrade.with_name(args.regrade.stem + "-feedback")] if args.regrade else [])
+    reuse = Reuse.read(grader, [] if args.no_reuse else earlier, args.students)
+    if args.students:
+        unknown = sorted(set(args.students) - {p.name for p in args.submissions.iterdir() if p.is_dir()})
+        if unknown:
+            parser.error(f"--students: no folder {', '.join(map(repr, unknown))} in {args.submissions}")
+        if not reuse.previous:
+            parser.error(f"--students: no previous run's grades in {feedback}/ to keep for the other students; "
+                         "grade the whole class once first")
     try:
         table = grade_class(args.submissions, exercises, timeout_s=args.timeout, extra_dirs=extra_dirs,
-                            jobs=args.jobs, outputs=[args.out, feedback])
+                            jobs=args.jobs, outputs=[args.out, feedback], reuse=reuse)
     except KeyboardInterrupt as stop:
         table = stop.table if isinstance(stop, GradingInterrupted) else {}
         done = sum(g.status != INTERRUPTED for per_ex in table.values() for g in per_ex.values())
@@ -360,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         staging = Staging(outputs)
         export = write_set(staging, table, exercises, grader, report, roster, args.id_column)
+        reuse.write(staging.feedback)
         staging.publish()
     except KeyboardInterrupt:
         if staging is not None and staging.published:
@@ -373,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if staging is not None and not staging.published:
             staging.discard()
     print(summary(table, exercises))
+    if reuse.reused:
+        print(f"{reuse.reused} notebook(s) unchanged since they were graded: not run again (--no-reuse runs them)")
     print(f"\nwrote {args.out}, {outputs.canvas} and {outputs.moodle} (grade-book imports), and "
           f"{feedback}/<student>/results.json, feedback.txt; grader {grader}")
     if report is not None:
