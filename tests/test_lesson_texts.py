@@ -103,6 +103,17 @@ def library_branch_sets(function: str) -> list[dict[str, str]]:
     from device_figures import CPUS, GPUS
 
     devices = [*GPUS.values(), *CPUS.values()]
+    if function in LIBRARY_TEXTS[2:]:  # lesson 14: course_lib/perf/ceiling_lesson.py, replayed in test_ceiling_replay
+        from course_lib.perf import ceiling_lesson
+        from test_ceiling_replay import ceiling_of
+
+        if function == "dtype_texts":
+            return [ceiling_lesson.dtype_texts(f, ceiling_of(f), d) for f in devices
+                    for d in ("bfloat16", "float16") if d in ceiling_of(f).matmul]
+        if function == "tiny_chain_texts":
+            return [ceiling_lesson.tiny_chain_texts(f, ops=13, call_s=3e-6, compiled_s=c, eager_s=31.7e-6)
+                    for f in devices for c in (1e-6, 22.5e-6, 80e-6)]
+        return [getattr(ceiling_lesson, function)(facts) for facts in devices]
     if function == "tf32_texts":
         return [precision.tf32_texts(facts, size=4096) for facts in devices]
     shares = [None, *({low: KernelShare(1e-3, k), "fp32": KernelShare(1e-3, k)} for k in (1e-4, 9e-4)
@@ -111,7 +122,8 @@ def library_branch_sets(function: str) -> list[dict[str, str]]:
             for facts in devices for busy in shares]
 
 
-LIBRARY_TEXTS = ("precision_speed_texts", "tf32_texts")
+LIBRARY_TEXTS = ("precision_speed_texts", "tf32_texts", "size_texts", "dtype_texts", "batch_texts", "fusion_texts",
+                 "tiny_chain_texts")
 
 
 @pytest.mark.parametrize("where,call", EXPLAIN_CALLS, ids=[w for w, _ in EXPLAIN_CALLS])
