@@ -47,6 +47,24 @@ def test_micro_batches_match_one_big_batch(sizes: list[int]) -> None:
     torch.testing.assert_close(loss_sum / count, F.cross_entropy(big(x), y, ignore_index=-100))
 
 
+def test_a_single_batch_in_host_memory_is_counted_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a separate device (the audited CPU stands in for a GPU), a step without accumulation counts its targets in
+    the batch the loader gave, a plain int: no operation is launched on the device for the log's count."""
+    from course_lib import device_audit
+    from course_lib.device import pick_device
+
+    monkeypatch.setenv("COURSE_DEVICE_AUDIT", "1")
+    device = pick_device("auto")
+    try:
+        model = _net().to(device)
+        x, y = torch.randn(5, 12), torch.tensor([0, 1, 2, -100, 4])
+        loss_sum, count = backward_group(model, [(x, y)], device)
+    finally:
+        device_audit.disable()
+    assert type(count) is int and count == 4
+    torch.testing.assert_close(loss_sum / count, F.cross_entropy(_net()(x), y, ignore_index=-100))
+
+
 def test_naive_division_by_accumulation_steps_is_wrong_for_an_incomplete_group() -> None:
     """The outdated recipe ``loss / accum`` differs from the big batch when micro-batches differ in size."""
     torch.manual_seed(1)
@@ -148,6 +166,7 @@ def test_batch_stream_groups_never_span_epochs_and_count_samples() -> None:
             assert (stream.epoch, stream.position) == (0, 6)
     assert sizes == [3, 2, 3, 2]  # each epoch's last group is short
     assert stream.state_dict() == {"epoch": 2, "samples_in_epoch": 0, "exact": True}
+    assert stream.samples == 20  # every sample handed out, across epochs: what the log's throughput reads
     empty = BatchStream(DataLoader(TensorDataset(torch.zeros(0)), batch_size=2))
     with pytest.raises(RuntimeError, match="yields no batches"):
         empty.next_group(2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -170,11 +172,40 @@ def test_throughput_is_the_rate_of_each_log_window(tmp_path: Path, monkeypatch: 
 def test_log_window_sums_on_device_and_reads_once(monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = iter([10.0, 12.5, 13.0])
     monkeypatch.setattr(course_clock, "wall", lambda: next(ticks))
-    window = loop_module.LogWindow()
-    window.add(torch.tensor(3.0), 4, examples=4)
-    window.add(torch.tensor(5.0), torch.tensor(6), examples=6)
+    stream = types.SimpleNamespace(samples=100)  # what the stream had handed out when the window opened
+    window = loop_module.LogWindow(stream, world_size=2)
+    window.add(torch.tensor(3.0), 4)
+    window.add(torch.tensor(5.0), torch.tensor(6))
+    stream.samples = 105  # this rank's samples in the window, read once at its end: 2 ranks took 10
     assert window.close() == (8.0, 10, 10, 2.5)
-    assert window.losses == [] and window.examples == 0 and window.start == 13.0
+    assert window.losses == [] and window.start_samples == 105 and window.start == 13.0
+
+
+def test_the_progress_bar_moves_once_per_log_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-step bookkeeping is what a hand-written loop does not do: the bar advances by each window's steps at its
+    log line (every 3 steps, and at the evaluations at steps 4 and 8), and ends at the last step."""
+    updates: list[int] = []
+
+    class Bar(loop_module.tqdm):
+        def update(self, n: float = 1) -> bool | None:
+            updates.append(n)
+            return super().update(n)
+
+    shown = {"disable": False, "file": io.StringIO()}  # drawn, as in a terminal, into a string
+    monkeypatch.setattr(loop_module, "tqdm", lambda **kwargs: Bar(**{**kwargs, **shown}))
+    model, tl, vl, cfg = _setup(tmp_path / "run", log_every=3, eval_every=4)
+    train(model, tl, vl, cfg, ckpt_path=None)
+    assert updates == [3, 1, 2, 2] and sum(updates) == cfg.steps
+
+
+def test_progress_false_hides_the_bar_even_in_a_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notebook's tqdm draws a bar whatever ``disable=None`` says; ``progress=False`` asks for none at all."""
+    made, real = [], loop_module.tqdm
+    monkeypatch.setattr(loop_module, "tqdm", lambda **kwargs: made.append(kwargs["disable"]) or real(**kwargs))
+    for progress in (True, False):
+        model, tl, vl, cfg = _setup(tmp_path / "run", steps=2)
+        train(model, tl, vl, cfg, ckpt_path=None, progress=progress)
+    assert made == [None, True]
 
 
 def test_bf16_autocast_and_disabled_clipping_still_train_and_log_the_norm(tmp_path: Path) -> None:

@@ -103,18 +103,17 @@ def backward_one(
     *,
     amp_dtype: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """Forward + backward of one batch, no accumulation, one process: what a hand-written loop does, nothing more.
 
     The mean over the real targets is their sum divided by their count, computed by ``cross_entropy`` itself.
-    Returns ``(the mean loss (detached), the batch's targets)``: counting them is left to whoever needs the count
-    (the training loop does it once per log line, not per step).
+    Returns the mean loss (detached).
     """
     x, y = move_batch(batch[:2], device)
     with autocast(device, amp_dtype):
         loss = mean_cross_entropy(model(x), y)
     (scaler.scale(loss) if scaler is not None and scaler.is_enabled() else loss).backward()
-    return loss.detach(), y
+    return loss.detach()
 
 
 def backward_group(
@@ -130,15 +129,17 @@ def backward_group(
 
     Does not step and does not zero the gradients (the caller does both at the group boundary).
     Returns ``(loss sum over this rank's micro-batches (detached tensor), group target count over all ranks)``;
-    the count is a 0-d tensor, or an ``int`` when several micro-batches' targets were counted on the CPU (no sync
-    either way).
+    the count is an ``int`` when the targets were counted in host memory (one process), else a 0-d tensor on the
+    device (no sync either way).
 
     Taught in lesson 04 (``notebooks/04_template.ipynb``).
     """
     device = torch.device(device)
     if len(micro_batches) == 1 and world_size == 1:
-        mean_loss, targets = backward_one(model, micro_batches[0], device, amp_dtype=amp_dtype, scaler=scaler)
-        count = count_targets((None, targets))
+        # Counted in the batch as the loader gave it: targets in host memory are counted there, a plain int, so
+        # no operation is launched on the device for it.
+        count = count_targets(micro_batches[0])
+        mean_loss = backward_one(model, micro_batches[0], device, amp_dtype=amp_dtype, scaler=scaler)
         return mean_loss * count, count
     # 1. Count first: every micro-batch is divided by the count of the WHOLE group. Targets still on the CPU are
     #    counted there (a plain int: no GPU round trip); targets already on the device stay a device tensor.

@@ -10,9 +10,12 @@ One optimizer step of :func:`train` (:func:`training_steps`):
 
 The hot path does only what a hand-written loop does: nothing calls ``.item()`` (which waits for the GPU) except
 at the ``log_every`` and ``eval_every`` boundaries, the GradScaler is not called when it is disabled (fp32, bf16),
-and the parameter list for clipping is built once. Every ``eval_every`` steps (and at the end) the model is
-evaluated and a checkpoint is written (:func:`evaluate_and_checkpoint`); ``train(..., resume=True)`` continues from
-it exactly where the run stopped.
+and the parameter list for clipping is built once. Everything else a log line needs (examples seen, elapsed time,
+the progress bar) is read or updated once per log line, not per step: per-step Python is what keeps a GPU idle
+between kernel launches (``python -m course_lib bench --only overhead`` measures it against a hand-written loop).
+
+Every ``eval_every`` steps (and at the end) the model is evaluated and a checkpoint is written
+(:func:`evaluate_and_checkpoint`); ``train(..., resume=True)`` continues from it exactly where the run stopped.
 
 Metrics go three ways: the returned history (a list of dicts), ``<out>/metrics.jsonl`` (one JSON object per
 line; rank 0 only) and a tqdm progress bar (rank 0 only).
@@ -117,14 +120,16 @@ class MetricsLog:
 
 
 class LogWindow:
-    """The steps since the last log line: their losses (device tensors), target and example counts, and time.
+    """The steps since the last log line: their losses (device tensors) and target counts; examples and time.
 
-    Adding a step is a list append and integer additions: no device work and no host-device sync. The losses are
+    Adding a step is a list append and an integer addition: no device work and no host-device sync. The losses are
     summed, and read, once per log line by :meth:`close`, which also starts the next window: every rate is the
-    rate of its own window. ``nan``/``inf`` survive the sum, so one bad step shows in the logged loss.
+    rate of its own window. ``nan``/``inf`` survive the sum, so one bad step shows in the logged loss. The examples
+    and the time are read at the window's two ends (the stream counts the samples it hands out), not per step.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stream: BatchStream, world_size: int = 1) -> None:
+        self.stream, self.world_size = stream, world_size
         self.restart()
 
     def restart(self) -> None:
@@ -132,24 +137,23 @@ class LogWindow:
         self.losses: list[torch.Tensor] = []
         self.device_counts: list[torch.Tensor] = []  # target counts still on the device, read at close
         self.host_count = 0  # target counts already on the host
-        self.examples = 0
-        self.start = clock.now()
+        self.start, self.start_samples = clock.now(), self.stream.samples
 
-    def add(self, loss_sum: torch.Tensor, count: torch.Tensor | int, examples: int) -> None:
-        """One step: its loss summed over its targets, how many targets (a device tensor or an int), its examples."""
+    def add(self, loss_sum: torch.Tensor, count: torch.Tensor | int) -> None:
+        """One step: its loss summed over its targets and how many targets (a device tensor or an int)."""
         self.losses.append(loss_sum)
         if isinstance(count, int):
             self.host_count += count
         else:
             self.device_counts.append(count)
-        self.examples += examples
 
     def close(self) -> tuple[float, int, int, float]:
-        """``(loss sum over all ranks, targets, examples, seconds)`` of this window; the next one starts now."""
+        """``(loss sum over all ranks, targets, examples over all ranks, seconds)`` of this window; the next one
+        starts now."""
         loss_sum = float(all_reduce_sum(torch.stack(self.losses).sum()))  # the one host sync per log line
         targets = self.host_count + (int(torch.stack(self.device_counts).sum()) if self.device_counts else 0)
         seconds = max(clock.now() - self.start, 1e-9)
-        examples = self.examples
+        examples = (self.stream.samples - self.start_samples) * self.world_size  # every rank takes as many
         self.restart()
         return loss_sum, targets, examples, seconds
 
@@ -207,6 +211,7 @@ def train(
     ckpt_path: str | Path | None = AUTO,
     resume: bool = False,
     overwrite: bool = False,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Train ``model`` for ``cfg.steps`` optimizer steps; return the history of logged metrics.
 
@@ -222,6 +227,8 @@ def train(
         overwrite: start fresh even though ``cfg.out`` already holds a run (its checkpoint and metrics are deleted).
             Without it (and without ``resume``) a folder holding a run is refused with a
             :class:`~course_lib.train.rundir.RunFolderError`.
+        progress: show a progress bar (rank 0; in a terminal or a notebook, not when stderr is a pipe). ``False``
+            hides it, as ``Trainer(enable_progress_bar=False)`` does (the benchmark's comparisons).
 
     Raises :class:`~course_lib.train.guard.NonFiniteError` when the run diverges (the last good checkpoint is kept)
     and :class:`~course_lib.train.checkpoint.WriteError` when a file cannot be written (disk full, read-only...).
@@ -242,7 +249,7 @@ def train(
     with folder as claim:
         if claim is not None and overwrite and not resume:
             claim.start_fresh([ckpt, Path(cfg.out) / METRICS_FILE])
-        run, start_step = build_run(model, train_loader, val_loader, cfg, device, ckpt, resume)
+        run, start_step = build_run(model, train_loader, val_loader, cfg, device, ckpt, resume, progress=progress)
         try:
             with stops_between_steps():
                 training_steps(run, start_step)
@@ -255,7 +262,7 @@ def train(
 
 
 def build_run(model: nn.Module, train_loader: Batches, val_loader: Batches, cfg: TrainConfig, device: torch.device,
-              ckpt: Path | None, resume: bool) -> tuple[Run, int]:
+              ckpt: Path | None, resume: bool, progress: bool = True) -> tuple[Run, int]:
     """The run's components (optimizer, scaler, data stream, log, progress bar), restored when resuming."""
     rank, world_size = get_rank(), get_world_size()
     is_main = rank == 0
@@ -280,8 +287,8 @@ def build_run(model: nn.Module, train_loader: Batches, val_loader: Batches, cfg:
     metrics_path = Path(cfg.out) / METRICS_FILE if (ckpt is not None and is_main) else None
     # disable=None: shown in a terminal and in a notebook, hidden when stderr is a pipe (torchrun, CI logs), where
     # every redraw would arrive as one more line; the log lines carry the same information there.
-    bar = tqdm(total=cfg.steps, initial=start_step, disable=None if is_main else True, mininterval=2.0, desc="train",
-               unit="step")
+    bar = tqdm(total=cfg.steps, initial=start_step, disable=None if is_main and progress else True, mininterval=2.0,
+               desc="train", unit="step")
     run = Run(cfg=cfg, device=device, amp_dtype=amp_dtype, model=model, train_model=maybe_compile(model, cfg.compile),
               params=list(model.parameters()), optimizer=optimizer, scaler=scaler, stream=stream,
               val_loader=val_loader, ckpt=ckpt, log=MetricsLog(metrics_path, history, fresh=not resume), bar=bar,
@@ -296,17 +303,16 @@ def training_steps(run: Run, start_step: int) -> None:
     """
     cfg = run.cfg
     run.model.train()
-    window = LogWindow()
+    window = LogWindow(run.stream, run.world_size)
     for step in range(start_step, cfg.steps):
         raise_pending_stop()  # a Ctrl-C or SIGTERM under the command line lands here, between two steps
         lr = set_lr(run.optimizer, step, cfg)
         micro_batches = run.stream.next_group(cfg.accum)  # a group of one when there is no accumulation
         loss_sum, count = backward_group(run.train_model, micro_batches, run.device, amp_dtype=run.amp_dtype,
                                          scaler=run.scaler, world_size=run.world_size)
-        window.add(loss_sum, count, sum(len(b[0]) for b in micro_batches) * run.world_size)
+        window.add(loss_sum, count)
         grad_norm = optimizer_step(run.optimizer, run.scaler, run.params, cfg.clip)
         done = step + 1
-        run.bar.update(1)
         evaluate_now = done % cfg.eval_every == 0 or done == cfg.steps
         if done % cfg.log_every == 0 or evaluate_now:
             # Windows close at every checkpoint, so a resumed run averages over the same steps as an uninterrupted one.
@@ -348,7 +354,8 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
 
 
 def log_train_line(run: Run, window: LogWindow, done: int, lr: float, grad_norm: torch.Tensor, *, text: bool) -> None:
-    """Close the window into one train record: checked by the guard, logged, shown on the bar."""
+    """Close the window into one train record: checked by the guard, logged, shown on the bar (which moves here,
+    once per log line, by the window's steps)."""
     loss_sum, targets, examples, seconds = window.close()
     record = {
         "step": done,
@@ -362,6 +369,7 @@ def log_train_line(run: Run, window: LogWindow, done: int, lr: float, grad_norm:
     run.check(record, done)
     run.log.append(record)
     run.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
+    run.bar.update(done - run.bar.n)
 
 
 class Terminated(KeyboardInterrupt):

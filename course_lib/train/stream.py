@@ -44,6 +44,7 @@ class BatchStream:
         self.sampler = find_resumable_sampler(loader)
         self.epoch = 0
         self.position = 0  # samples (of this rank's shard) consumed in the current epoch
+        self.samples = 0  # samples handed out by this stream, all epochs: the log reads throughput from it
         self._iterator: Iterator[Sequence[torch.Tensor]] | None = None
         self._warned = False
 
@@ -90,7 +91,9 @@ class BatchStream:
                 self._start_epoch()
             assert self._iterator is not None
             group = take_group(self._iterator, accum)
-            self.position += sum(len(batch[0]) for batch in group)
+            samples = sum(len(batch[0]) for batch in group)
+            self.position += samples
+            self.samples += samples
             if len(group) == accum:
                 return group
             # The epoch ended. Its last group may be incomplete; a group never spans two epochs.
