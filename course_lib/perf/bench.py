@@ -10,7 +10,11 @@ Sections:
     weights, AdamW parameter groups, per-step learning rate, gradient clipping, same batches) vs PyTorch Lightning
     doing the same work, made fair (no logger, checkpointing, progress bar or model summary). Step time is the
     steady-state period between consecutive batch requests, so set-up and the final evaluation are excluded for
-    all three alike. Goals: train() <= 1.05x the minimal loop, <= 0.7x Lightning.
+    all three alike. Goals: train()'s step <= 1.02x the minimal loop's; its overhead <= 0.25x Lightning's.
+    The per-step overhead row (``--only overhead``) times the same three differently: whole runs of N and 2N steps
+    with a log line every 50, their difference over N, so what a run does once cancels and what it does per step
+    or per log line (reading the loss, bookkeeping) counts. Goals: ``train()``'s ms per step above the minimal loop
+    <= max(0.25x Lightning's, 2 % of the step), and its paired ratio to the minimal loop <= 1.02.
 (b) A tuned DataLoader (worker processes) vs ``num_workers=0`` on the generated JPEG "shapes" data (goal >= 1.7x
     on 2 cores); and in-memory batching on the device (``DeviceBatcher``) vs ``DataLoader(TensorDataset)``.
 (c) Eager vs ``torch.compile`` steady-state training step (and the cold compile in seconds); fp32 vs bf16 autocast.
@@ -33,7 +37,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ import torch
 
 from course_lib import atomic, clock
 from course_lib.device import pick_device, synchronize
+from course_lib.perf.compare import Comparison, Measurement, OtherPrograms, verdict_from_times
 from course_lib.perf.mfu import gpt_flops_per_token, peak_flops  # noqa: F401 - section (d); re-exported
 from course_lib.train.loss import mean_cross_entropy
 
@@ -52,6 +57,8 @@ class Sizes:
     steps: int  # training steps per contender per repetition
     reps: int  # interleaved repetitions (sections b, c)
     loop_reps: int  # interleaved repetitions of section (a), whose ratios are compared with 1.02
+    overhead_steps: int  # per-step overhead row: N of its N- and 2N-step runs (bench model; the tiny model 5 N)
+    overhead_rounds: int  # its interleaved rounds
     d: int  # width of the MLP used in (a) and (c)
     batch: int
     loader_batches: int
@@ -62,13 +69,12 @@ class Sizes:
 
 
 PRESETS = {
-    "tiny": Sizes(steps=8, reps=1, loop_reps=2, d=64, batch=16, loader_batches=3, compile_steps=3,
-                  compile_backend="eager",
-                  gpt_steps=5, gpt_model="tiny"),
-    "quick": Sizes(steps=40, reps=3, loop_reps=10, d=256, batch=64, loader_batches=40, compile_steps=15,
-                   compile_backend="inductor", gpt_steps=20),
-    "full": Sizes(steps=120, reps=5, loop_reps=16, d=256, batch=64, loader_batches=78, compile_steps=40,
-                  compile_backend="inductor", gpt_steps=50),
+    "tiny": Sizes(steps=8, reps=1, loop_reps=2, overhead_steps=4, overhead_rounds=2, d=64, batch=16, loader_batches=3,
+                  compile_steps=3, compile_backend="eager", gpt_steps=5, gpt_model="tiny"),
+    "quick": Sizes(steps=40, reps=3, loop_reps=10, overhead_steps=50, overhead_rounds=9, d=256, batch=64,
+                   loader_batches=40, compile_steps=15, compile_backend="inductor", gpt_steps=20),
+    "full": Sizes(steps=120, reps=5, loop_reps=16, overhead_steps=100, overhead_rounds=9, d=256, batch=64,
+                  loader_batches=78, compile_steps=40, compile_backend="inductor", gpt_steps=50),
 }
 
 
@@ -100,22 +106,29 @@ def machine() -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ (a) training loops
 @dataclass(frozen=True)
 class LoopCase:
-    """One model of section (a): ``Net(d_in=32, d, n_blocks)`` on batches of ``batch``, ``steps`` per run."""
+    """One model of section (a): ``Net(d_in=32, d, n_blocks)`` on batches of ``batch``, ``steps`` per run, a log line
+    every ``log_every`` steps (``None``: one, at the end).
+
+    Taught in lesson 10 (``notebooks/10_lightning.ipynb``).
+    """
 
     label: str
     d: int
     n_blocks: int
     batch: int
     steps: int
+    log_every: int | None = None
 
     def describe(self) -> str:
         return f"Net(d_in=32, d={self.d}, n_blocks={self.n_blocks}), batch {self.batch}, fp32, CPU"
 
 
-def loop_cases(sizes: Sizes) -> tuple[LoopCase, LoopCase]:
-    """The bench model (compute dominates) and a tiny one (the framework's per-step overhead dominates)."""
-    return (LoopCase("bench model", d=sizes.d, n_blocks=4, batch=sizes.batch, steps=sizes.steps),
-            LoopCase("tiny model", d=16, n_blocks=1, batch=8, steps=sizes.steps * 5))
+def loop_cases(sizes: Sizes, steps: int | None = None, log_every: int | None = None) -> tuple[LoopCase, LoopCase]:
+    """The bench model (compute dominates) and a tiny one (the framework's per-step overhead dominates); the tiny
+    model runs five times the steps (``sizes.steps`` unless ``steps`` is given), so both runs last about as long."""
+    steps = sizes.steps if steps is None else steps
+    return (LoopCase("bench model", d=sizes.d, n_blocks=4, batch=sizes.batch, steps=steps, log_every=log_every),
+            LoopCase("tiny model", d=16, n_blocks=1, batch=8, steps=steps * 5, log_every=log_every))
 
 
 # Section (a)'s clock: "wall" (the course's wall clock, course_lib/clock.py) or "cpu" (time.thread_time: the CPU
@@ -163,7 +176,7 @@ def _cfg(case: LoopCase) -> Any:
     from course_lib.train import TrainConfig
 
     return TrainConfig(steps=case.steps, bs=case.batch, lr=1e-3, wd=0.05, clip=1.0, amp_dtype="fp32",
-                       device="cpu", model="net", log_every=case.steps, eval_every=case.steps)
+                       device="cpu", model="net", log_every=case.log_every or case.steps, eval_every=case.steps)
 
 
 def run_course_train(model: torch.nn.Module, batches: list, val: list, case: LoopCase) -> float:
@@ -174,14 +187,15 @@ def run_course_train(model: torch.nn.Module, batches: list, val: list, case: Loo
     from course_lib.train import train
 
     timed = TimedBatches(batches, limit=case.steps + 1)
-    # The progress bar is part of the work, not of the report (hidden when stderr is not a terminal, like here).
-    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-        train(model, timed, val, _cfg(case), device="cpu", ckpt_path=None)
+    # No progress bar, as for Lightning (a notebook would draw one per run); the evaluation line is not reported.
+    with contextlib.redirect_stdout(io.StringIO()):
+        train(model, timed, val, _cfg(case), device="cpu", ckpt_path=None, progress=False)
     return timed.step_s()
 
 
 def run_minimal_loop(model: torch.nn.Module, batches: list, val: list, case: LoopCase) -> float:
-    """The same work written out by hand: AdamW groups, lr per step, clipping, an evaluation at the end."""
+    """The same work written out by hand: AdamW groups, lr per step, clipping, the loss and gradient norm read at each
+    log line, an evaluation at the end."""
     from course_lib.train import lr_at, param_groups
     from course_lib.train.optim import BETAS
 
@@ -197,9 +211,11 @@ def run_minimal_loop(model: torch.nn.Module, batches: list, val: list, case: Loo
         x, y = next(it)
         loss = mean_cross_entropy(model(x), y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if (step + 1) % cfg.log_every == 0:
+            float(loss), float(grad_norm)  # the log line: what nanoGPT's loop reads every log_interval steps
     next(it, None)
     model.eval()
     with torch.no_grad():
@@ -246,7 +262,7 @@ def run_lightning(model: torch.nn.Module, batches: list, val: list, case: LoopCa
     trainer = L.Trainer(
         max_steps=cfg.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=cfg.clip,
-        num_sanity_val_steps=0, limit_val_batches=0, deterministic=False,
+        log_every_n_steps=cfg.log_every, num_sanity_val_steps=0, limit_val_batches=0, deterministic=False,
         plugins=[LightningEnvironment()],  # one process: no probe for a cluster launcher (it would start MPI)
     )
     trainer.fit(_lightning_module(model, cfg), train_dataloaders=timed)
@@ -275,6 +291,7 @@ CONTENDERS: dict[str, Callable[..., float]] = {
 }
 GOAL_TRAIN_VS_MINIMAL = 1.02  # train()'s step time at most 2 % above the minimal loop's
 GOAL_OVERHEAD_VS_LIGHTNING = 0.25  # train()'s overhead (ms above the minimal loop) at most a quarter of Lightning's
+GOAL_OVERHEAD_OF_STEP = 0.02  # ... or at most 2 % of the minimal loop's step, whichever is larger
 
 
 def interleaved_step_times(case: LoopCase, reps: int, log: Callable[[str], None],
@@ -307,8 +324,6 @@ def median_and_quartiles(values: Sequence[float]) -> tuple[float, float, float]:
 
 def summarise_loops(case: LoopCase, times: dict[str, list[float]]) -> dict[str, Any]:
     """Ratios and overheads from paired repetitions, each with its spread (quartiles over the repetitions)."""
-    from course_lib.perf.compare import Measurement, verdict_from_times
-
     m = {k: Measurement(k, tuple(v), unit="step") for k, v in times.items()}
     vs_min = verdict_from_times(m["minimal_loop"], m["course_train"], band=GOAL_TRAIN_VS_MINIMAL - 1)
     overhead = {k: median_and_quartiles([1000 * (t - b) for t, b in zip(times[k], times["minimal_loop"])])
@@ -344,6 +359,145 @@ def bench_training_loops(sizes: Sizes, log: Callable[[str], None]) -> dict[str, 
         "cases": cases, "goal_train_vs_minimal": GOAL_TRAIN_VS_MINIMAL,
         "goal_overhead_vs_lightning": GOAL_OVERHEAD_VS_LIGHTNING,
         "met": all(c["met_train_vs_minimal"] and c["met_overhead_vs_lightning"] for c in cases.values()),
+    }
+
+
+# --------------------------------------------------------------------------------- (a) per-step overhead
+# A log line every 50 steps in the overhead runs (TrainConfig's default for a 1000-step run, and Lightning's
+# log_every_n_steps): whatever a loop does once per log line is then counted in its per-step cost.
+OVERHEAD_LOG_EVERY = 50
+
+
+def overhead_cases(sizes: Sizes) -> tuple[LoopCase, LoopCase]:
+    """Section (a)'s two models, with ``N = sizes.overhead_steps`` steps (the tiny model 5 N) and a log interval."""
+    return loop_cases(sizes, steps=sizes.overhead_steps, log_every=OVERHEAD_LOG_EVERY)
+
+
+def timed_run(run: Callable[..., float], base: torch.nn.Module, batches: list, val: list,
+              case: LoopCase) -> tuple[float, float]:
+    """``(wall, CPU)`` seconds of one whole run of ``run`` on a fresh copy of ``base``: set-up, ``case.steps`` steps,
+    the final evaluation. CPU: this process's (``time.process_time``: every thread, not the time spent waiting)."""
+    model = copy.deepcopy(base)
+    wall, cpu = clock.now(), time.process_time()
+    run(model, batches, val, case)
+    return clock.now() - wall, time.process_time() - cpu
+
+
+def seconds_per_step(run: Callable[..., float], base: torch.nn.Module, batches: list, val: list,
+                     case: LoopCase, tries: int = 3) -> tuple[float, float]:
+    """``(wall, CPU)`` seconds per step of ``run``: (time of a 2N-step run - time of an N-step run) / N, N =
+    ``case.steps``. What a run does once (building the optimizer or the Trainer, the final evaluation) cancels;
+    what it does every step, or every log line, stays. A pair whose difference is not positive (a stall in the
+    shorter run longer than N steps) is run again, ``tries`` times at most.
+
+    Taught in lesson 10 (``notebooks/10_lightning.ipynb``).
+    """
+    double = replace(case, steps=2 * case.steps)
+    for _ in range(tries):
+        once = timed_run(run, base, batches, val, case)
+        twice = timed_run(run, base, batches, val, double)
+        per_step = ((twice[0] - once[0]) / case.steps, (twice[1] - once[1]) / case.steps)
+        if min(per_step) > 0:
+            return per_step
+    raise RuntimeError(f"{case.label}: a {2 * case.steps}-step run never took longer than a {case.steps}-step one in "
+                       f"{tries} tries; the machine is too busy to time {case.steps} steps. Use more steps, or "
+                       "measure when it is quieter.")
+
+
+def step_overhead(case: LoopCase, rounds: int, log: Callable[[str], None] = lambda _: None,
+                  contenders: dict[str, Callable[..., float]] | None = None) -> Comparison:
+    """Every contender's seconds per step (:func:`seconds_per_step`) in ``rounds`` interleaved rounds (the order
+    reversed every other round), as a :class:`~course_lib.perf.compare.Comparison`: its verdicts choose wall or CPU
+    time as every comparison of the course does, and round ``i`` of each contender ran back to back, so per-round
+    differences and ratios are paired.
+
+    Taught in lesson 10 (``notebooks/10_lightning.ipynb``).
+    """
+    contenders = CONTENDERS if contenders is None else contenders
+    base, batches, val = _mlp_and_data(case)
+    names = list(contenders)
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    with OtherPrograms() as others:
+        for i in range(rounds):
+            for name in names if i % 2 == 0 else names[::-1]:
+                rows[name].append(seconds_per_step(contenders[name], base, batches, val, case))
+            log(f"  {case.label} round {i + 1}/{rounds}: "
+                + ", ".join(f"{name} {1000 * r[-1][0]:.3f} ms/step" for name, r in rows.items()))
+    measurements = {name: Measurement(name, tuple(w for w, _ in r), unit="step", cpu_seconds=tuple(c for _, c in r))
+                    for name, r in rows.items()}
+    return Comparison(measurements, threads=torch.get_num_threads(), measured_others_cores=others.cores)
+
+
+def python_calls_per_step(run: Callable[..., float], case: LoopCase) -> float:
+    """Python function calls per step of ``run`` (calls of Python functions and of C functions from Python, as
+    ``sys.setprofile`` sees them): (calls in a 2N-step run - calls in an N-step run) / N, after a short warm-up run
+    (lazy initialisation). A count, not a time: the same on a busy machine, and it says where a loop's time goes.
+
+    Taught in lesson 10 (``notebooks/10_lightning.ipynb``).
+    """
+    base, batches, val = _mlp_and_data(case)
+
+    def calls(steps: int) -> int:
+        count = 0
+
+        def hook(frame: Any, event: str, arg: Any) -> None:
+            nonlocal count
+            count += event in ("call", "c_call")
+
+        model, previous = copy.deepcopy(base), sys.getprofile()
+        sys.setprofile(hook)
+        try:
+            run(model, batches, val, replace(case, steps=steps))
+        finally:
+            sys.setprofile(previous)
+        return count
+
+    run(copy.deepcopy(base), batches, val, replace(case, steps=2))
+    return (calls(2 * case.steps) - calls(case.steps)) / case.steps
+
+
+def summarise_overhead(case: LoopCase, per_step: dict[str, Sequence[float]], quantity: str) -> dict[str, Any]:
+    """The overhead row of one model from each contender's seconds per step, round by round: ``train()``'s and
+    Lightning's ms per step above the minimal loop and ``train()``'s ratio to it, each paired per round (the
+    median and middle half over the rounds), against the goals."""
+    minimal = per_step["minimal_loop"]
+    overhead = {k: median_and_quartiles([1000 * (t - m) for t, m in zip(per_step[k], minimal)])
+                for k in ("course_train", "lightning")}
+    ratio = median_and_quartiles([t / m for t, m in zip(per_step["course_train"], minimal)])
+    step_ms = 1000 * statistics.median(minimal)
+    allowed_ms = max(GOAL_OVERHEAD_VS_LIGHTNING * overhead["lightning"][0], GOAL_OVERHEAD_OF_STEP * step_ms)
+    return {
+        "model": case.describe(), "steps": [case.steps, 2 * case.steps], "log_every": case.log_every,
+        "rounds": len(minimal), "quantity": quantity,
+        "step_ms": {k: 1000 * statistics.median(v) for k, v in per_step.items()},
+        "all_step_ms": {k: [1000 * t for t in v] for k, v in per_step.items()},
+        "overhead_ms": {k: {"median": v[0], "low": v[1], "high": v[2]} for k, v in overhead.items()},
+        "allowed_overhead_ms": allowed_ms,
+        "ratio_train_vs_minimal": ratio[0], "ratio_train_vs_minimal_middle_half": [ratio[1], ratio[2]],
+        "met_overhead": overhead["course_train"][0] <= allowed_ms,
+        "met_ratio": ratio[0] <= GOAL_TRAIN_VS_MINIMAL,
+    }
+
+
+def bench_step_overhead(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
+    """The per-step overhead row on both models: ``train()`` and Lightning against the minimal loop.
+
+    Decided on section (a)'s clock: wall time, or with ``--clock cpu`` this process's CPU time.
+    """
+    quantity = step_clock
+    cases = {}
+    for case in overhead_cases(sizes):
+        comparison = step_overhead(case, sizes.overhead_rounds, log)
+        per_step = {name: m.per_unit(quantity) for name, m in comparison.measurements.items()}
+        cases[case.label] = summarise_overhead(case, per_step, quantity)
+        cases[case.label]["others_cores"] = comparison.others_cores
+        counted = replace(case, steps=OVERHEAD_LOG_EVERY)  # a count is exact: runs of one and two log lines do
+        cases[case.label]["python_calls_per_step"] = {name: python_calls_per_step(run, counted)
+                                                      for name, run in CONTENDERS.items()}
+    return {
+        "cases": cases, "goal_train_vs_minimal": GOAL_TRAIN_VS_MINIMAL,
+        "goal_overhead_vs_lightning": GOAL_OVERHEAD_VS_LIGHTNING, "goal_overhead_of_step": GOAL_OVERHEAD_OF_STEP,
+        "met": all(c["met_overhead"] and c["met_ratio"] for c in cases.values()),
     }
 
 
@@ -522,6 +676,23 @@ def _rows_loops(a: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _rows_overhead(a: dict[str, Any]) -> list[str]:
+    rows = []
+    for label, c in a["cases"].items():
+        over = {k: f"{v['median']:+.3f} ms ({_range(v['low'], v['high'], '+.3f')})"
+                for k, v in c["overhead_ms"].items()}
+        low, high = c["ratio_train_vs_minimal_middle_half"]
+        rows.append(f"| (a) {label}, per-step overhead above the minimal loop's {c['step_ms']['minimal_loop']:.3f} ms "
+                    f"(start-up cancelled): `train()` {over['course_train']} vs Lightning {over['lightning']} | "
+                    f"{c['overhead_ms']['course_train']['median']:+.3f} ms | <= {c['allowed_overhead_ms']:.3f} ms = "
+                    f"max({a['goal_overhead_vs_lightning']:.2f} x Lightning's, {a['goal_overhead_of_step']:.0%} of the "
+                    f"step) | {_met(c['met_overhead'])} |")
+        rows.append(f"| (a) {label}, `train()` / minimal loop per step, paired per round (middle half "
+                    f"{_range(low, high, '.3f')}) | {_fmt(c['ratio_train_vs_minimal'], '.3f')}x | "
+                    f"<= {a['goal_train_vs_minimal']:.2f}x | {_met(c['met_ratio'])} |")
+    return rows
+
+
 def _rows_loaders(b: dict[str, Any]) -> list[str]:
     return [f"| (b) tuned loader (workers={b['tuned']['num_workers']}) / workers=0, steady samples/s | "
             f"{_fmt(b['ratio_tuned_vs_workers0'])}x | >= 1.7x | {_met(b['met'])} |",
@@ -576,6 +747,25 @@ def _details_loops(a: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _details_overhead(a: dict[str, Any]) -> list[str]:
+    lines = []
+    for label, c in a["cases"].items():
+        n, n2 = c["steps"]
+        clock_name = {"wall": "wall-clock", "cpu": "this process's CPU"}[c["quantity"]]
+        others = c.get("others_cores")
+        others = "" if others is None else f"; other programs used {others:.1f} cores meanwhile"
+        lines.append(
+            f"(a) per-step overhead, {label}: {c['model']}; each round runs every contender for {n} and {n2} steps "
+            f"(a log line every {c['log_every']} steps) and keeps (time for {n2} - time for {n}) / {n}, so set-up and "
+            f"the final evaluation cancel; {c['rounds']} rounds, the order reversed every other one, {clock_name} "
+            f"time{others}. Overheads and ratios are paired per round, then the median and middle half. Median ms "
+            "per step: " + ", ".join(f"{k} {v:.3f}" for k, v in c["step_ms"].items()) + "; per round: "
+            + "; ".join(f"{k} " + ", ".join(f"{t:.3f}" for t in v) for k, v in c["all_step_ms"].items())
+            + ". Python function calls per step (counted, load-independent): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in c["python_calls_per_step"].items()) + ".")
+    return lines
+
+
 def _details_loaders(b: dict[str, Any]) -> list[str]:
     return [f"(b) {b['dataset']}; batch {b['batch_size']}, {b['n_batches']} batches; samples/s: " +
             ", ".join(f"{k} {v:.0f}" for k, v in b["samples_per_s"].items()) + f". {b['note']}."]
@@ -608,9 +798,12 @@ def _details_gpu(d: dict[str, Any]) -> list[str]:
             f"GFLOP; peak: {d['peak_source']}. " + " ".join(d["verdicts"])]
 
 
+# The sections `--only` can name, in the order they run.
+SECTIONS = ("loops", "overhead", "loaders", "in_memory", "compile", "precision", "gpu")
 # Each section's table rows and detail lines, in the order of the table.
 SECTION_TEXT: dict[str, tuple[Callable[[dict[str, Any]], list[str]], Callable[[dict[str, Any]], list[str]]]] = {
     "training_loops": (_rows_loops, _details_loops),
+    "step_overhead": (_rows_overhead, _details_overhead),
     "loaders": (_rows_loaders, _details_loaders),
     "in_memory": (_rows_in_memory, _details_in_memory),
     "compile": (_rows_compile, _details_compile),
@@ -646,9 +839,8 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(_header(report) + rows + ["", "## Details", ""] + details) + "\n"
 
 
-def run_bench(preset: str = "quick", *, sections: Sequence[str] = ("loops", "loaders", "in_memory", "compile",
-              "precision", "gpu"), peak_tflops: float | None = None, log: Callable[[str], None] = print,
-              argv: Sequence[str] = ()) -> dict[str, Any]:
+def run_bench(preset: str = "quick", *, sections: Sequence[str] = SECTIONS, peak_tflops: float | None = None,
+              log: Callable[[str], None] = print, argv: Sequence[str] = ()) -> dict[str, Any]:
     sizes = PRESETS[preset]
     report: dict[str, Any] = {
         "preset": preset, "argv": list(argv), "machine": machine(), "sizes": sizes.__dict__, "results": {},
@@ -658,6 +850,7 @@ def run_bench(preset: str = "quick", *, sections: Sequence[str] = ("loops", "loa
     }
     jobs: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
         "loops": ("training_loops", lambda: bench_training_loops(sizes, log)),
+        "overhead": ("step_overhead", lambda: bench_step_overhead(sizes, log)),
         "loaders": ("loaders", lambda: bench_loaders(sizes, log)),
         "in_memory": ("in_memory", lambda: bench_in_memory(sizes, log)),
         "compile": ("compile", lambda: bench_compile(sizes, log)),
@@ -685,8 +878,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     size.add_argument("--quick", action="store_true", help="fewer steps and repetitions (a few minutes on 2 cores)")
     size.add_argument("--tiny", action="store_true", help="wiring check only: tiny sizes, numbers are meaningless")
     parser.add_argument("--out", default="benchmarks/results", help="folder for latest.md and latest.json")
-    parser.add_argument("--only", nargs="+", choices=["loops", "loaders", "in_memory", "compile", "precision", "gpu"],
-                        help="run only these sections")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense bf16 (fp16 before Ampere) peak TFLOP/s for MFU, when it is not in "
                              "the built-in table")
@@ -706,7 +898,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     preset = "tiny" if args.tiny else "quick" if args.quick else "full"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = args.only or ["loops", "loaders", "in_memory", "compile", "precision", "gpu"]
+    sections = args.only or list(SECTIONS)
     global step_clock
     previous_threads, previous_clock = torch.get_num_threads(), step_clock
     step_clock = args.clock
