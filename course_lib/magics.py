@@ -43,8 +43,12 @@ from pathlib import Path
 from typing import IO
 
 from course_lib import atomic
+from course_lib.torchrun_entry import STATUS_ENV
 
 DEFAULT_TIMEOUT_S = 600.0
+# The magic says it is still running after this many seconds without a line, and again every as many seconds
+# (a cell can compute for minutes before it prints: the learner sees it is alive, and for how long).
+SILENCE_S = 10.0
 TAIL_LINES = 15  # per rank, in a failed job's message
 # torchrun fills ${rank} for each worker; lines printed by torchrun itself carry no tag.
 RANK_PREFIX_TEMPLATE = "[rank${rank}]: "
@@ -180,8 +184,12 @@ def _launch(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def _stream(proc: subprocess.Popen[str], nproc: int, timeout: float | None,
-            on_line: Callable[[str], None] | None) -> list[str]:
+            on_line: Callable[[str], None] | None,
+            on_silence: Callable[[float, float], None] | None = None) -> list[str]:
     """Collect the job's output lines as they arrive (handing each to ``on_line``) until it closes its output.
+
+    ``on_silence(elapsed, silent)`` is called after :data:`SILENCE_S` seconds without a line, and again every
+    :data:`SILENCE_S` seconds while the job stays silent (seconds since the start, and since the last line).
 
     Past ``timeout`` the whole job is killed and :class:`TorchrunError` raised; any exception (the timeout, or
     ``KeyboardInterrupt`` from the notebook) kills the job before it propagates.
@@ -190,13 +198,18 @@ def _stream(proc: subprocess.Popen[str], nproc: int, timeout: float | None,
     reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
     reader.start()
     collected: list[str] = []
-    deadline = None if timeout is None else time.monotonic() + timeout
+    started = last_heard = last_said = time.monotonic()
+    deadline = None if timeout is None else started + timeout
     try:
         while True:
             wait = 0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic()))
             try:
                 line = lines.get(timeout=wait)
             except queue.Empty:
+                now = time.monotonic()
+                if on_silence is not None and now - max(last_heard, last_said) >= SILENCE_S:
+                    last_said = now
+                    on_silence(now - started, now - last_heard)
                 if deadline is not None and time.monotonic() >= deadline:
                     _kill_group(proc)
                     output = "".join(collected)
@@ -208,6 +221,7 @@ def _stream(proc: subprocess.Popen[str], nproc: int, timeout: float | None,
                 continue
             if line is None:
                 return collected
+            last_heard = time.monotonic()
             collected.append(line)
             if on_line is not None:
                 on_line(line)
@@ -227,6 +241,7 @@ def run_torchrun(
     on_line: Callable[[str], None] | None = None,
     env: dict[str, str] | None = None,
     rdzv_endpoint: str | None = None,
+    on_silence: Callable[[float, float], None] | None = None,
 ) -> tuple[int, str]:
     """Run Python code under ``torchrun``; return ``(returncode, output)``.
 
@@ -236,6 +251,7 @@ def run_torchrun(
     * ``output`` is stdout and stderr of the launcher and every rank, interleaved as they arrived; rank lines
       start with ``[rankR]: ``.
     * ``on_line`` is called with each line as it arrives (the cell magic prints it); default: nothing.
+      ``on_silence(elapsed, silent)`` after every :data:`SILENCE_S` seconds without a line (see :func:`_stream`).
     * ``timeout`` (seconds, ``None`` for none): past it, the whole job is killed and ``TorchrunError`` raised.
       ``KeyboardInterrupt`` (interrupting the kernel) also kills the whole job, then propagates.
     * ``env`` is added to this process's environment (which the ranks inherit). Ranks write whole lines as soon
@@ -251,7 +267,7 @@ def run_torchrun(
                                rdzv_endpoint=rdzv_endpoint)
         proc = _launch(cmd, _child_env(env))
         try:
-            collected = _stream(proc, nproc, timeout, on_line)
+            collected = _stream(proc, nproc, timeout, on_line, on_silence)
             returncode = proc.wait()
         except BaseException:  # e.g. interrupted while waiting for the exit code
             _kill_group(proc)
@@ -361,7 +377,17 @@ def torchrun_cell(line: str, cell: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    returncode, output = run_torchrun(cell, nproc=nproc, timeout=timeout, script_args=script_args, on_line=show)
+    began = time.monotonic()  # the cell's start (the job's starts after torch is imported here, the first time)
+
+    def still_running(_elapsed: float, silent: float) -> None:
+        show(f"torchrun: {time.monotonic() - began:.0f} s in, still running ({silent:.0f} s since the last line)"
+             + (f"; it stops at {timeout:.0f} s" if timeout is not None else "") + "\n")
+
+    # Said before anything starts: the launcher and each rank import torch first, which takes seconds.
+    show(f"torchrun: starting {nproc} process{'es' if nproc != 1 else ''} on this machine (each imports torch "
+         "first, a few seconds); each rank says when it runs the cell.\n")
+    returncode, output = run_torchrun(cell, nproc=nproc, timeout=timeout, script_args=script_args, on_line=show,
+                                      env={STATUS_ENV: "1"}, on_silence=still_running)
     if returncode != 0:
         raise TorchrunError(
             f"torchrun exited with code {returncode} (a rank failed).\n{failure_report(output, nproc)}",

@@ -25,6 +25,11 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+# Set by the ``%%torchrun`` magic: each rank says when it has started and runs the cell (a cell may print nothing
+# for a while, and the learner should see that every rank is up).
+STATUS_ENV = "COURSE_TORCHRUN_STATUS"
+STARTED = "started: running the cell"
+
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
@@ -32,6 +37,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit("usage: python -m course_lib.torchrun_entry (SCRIPT.py | -m MODULE) [ARGS...]")
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+    if os.environ.get(STATUS_ENV) == "1":
+        print(f"{STARTED} (process {os.getpid()})")
     code = 0
     try:
         if args[0] == "-m":
