@@ -215,7 +215,7 @@ def run_minimal_loop(model: torch.nn.Module, batches: list, val: list, case: Loo
         opt.step()
         opt.zero_grad(set_to_none=True)
         if (step + 1) % cfg.log_every == 0:
-            float(loss), float(grad_norm)  # the log line: what nanoGPT's loop reads every log_interval steps
+            loss.item(), grad_norm.item()  # the log line: what nanoGPT's loop reads every log_interval steps
     next(it, None)
     model.eval()
     with torch.no_grad():
