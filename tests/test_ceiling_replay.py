@@ -171,3 +171,15 @@ def test_the_overhead_question_leaves_what_machines_measure_far_from_a_boundary(
     assert answer == "more than 50x" and "sits on the boundary at 50x" in note
     with pytest.raises(ValueError, match="increasing bounds"):
         range_answer(1.0, (2, 1), ["a", "b", "c"])
+
+
+def test_the_share_question_leaves_what_machines_measure_far_from_a_boundary() -> None:
+    cell = next("".join(c["source"]) for c in json.loads(LESSON.read_text())["cells"]
+                if "SHARE_RANGES = " in "".join(c["source"]))
+    labels = json.loads(cell.split("SHARE_RANGES = ", 1)[1].split("\n", 1)[0])
+    # This CPU's small GPT: 55.8% and 60.8% of its ceiling in two runs (the old ranges ended at 60%).
+    for share in (0.43, 0.558, 0.608):
+        assert range_answer(share, (0.05, 0.25, 0.8), labels, unit="%") == ("25-80%", "")
+    assert range_answer(0.608, (0.1, 0.3, 0.6), labels, unit="%")[1]  # the old boundary: on it
+    assert "range_answer(gpt_share, (0.05, 0.25, 0.8), SHARE_RANGES" in "".join(
+        "".join(c["source"]) for c in json.loads(LESSON.read_text())["cells"])
