@@ -67,6 +67,12 @@ TWO_QUESTIONS_NOTEBOOK = {**FIXTURE_NOTEBOOK, "cells": [
     _code('shape.reveal("round", "SHAPE-WHY")\nsize.reveal("small", "SIZE-WHY")'),
 ]}
 
+# A distributed cell that computes silently for a while, as lesson cells do.
+TORCHRUN_NOTEBOOK = {**FIXTURE_NOTEBOOK, "cells": [
+    _code("%load_ext course_lib.magics"),
+    _code("%%torchrun -n 2 --timeout 120\nimport time\ntime.sleep(8)\nprint('cell done', flush=True)"),
+]}
+
 
 def _lesson_notebooks() -> list[Path]:
     return sorted(p for pattern in LESSON_PATTERNS for p in (REPO / "notebooks").glob(pattern))
@@ -86,6 +92,7 @@ def served_root(tmp_path_factory) -> Path:
     (root / "fixture.ipynb").write_text(json.dumps(FIXTURE_NOTEBOOK))
     (root / "question.ipynb").write_text(json.dumps(QUESTION_NOTEBOOK))
     (root / "two_questions.ipynb").write_text(json.dumps(TWO_QUESTIONS_NOTEBOOK))
+    (root / "torchrun.ipynb").write_text(json.dumps(TORCHRUN_NOTEBOOK))
     if (REPO / "notebooks").is_dir():
         shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for name in ("pyproject.toml", "README.md"):
@@ -700,3 +707,21 @@ def test_a_lesson_opens_unmodified_and_running_it_writes_nothing(page, lab_serve
     page.wait_for_selector(".jp-Dialog", state="detached", timeout=10_000)
     page.wait_for_timeout(1_000)
     assert (served_root / rel).read_bytes() == before, f"running {rel} and discarding changed it on disk"
+
+
+def test_a_torchrun_cell_shows_a_line_while_it_starts(page, lab_server):
+    """Seen: distributed cells showed nothing for 19-27 s. The cell's first line shows while the job is still
+    starting (no rank has printed yet, the kernel is busy), then each rank's line, then the cell's own output."""
+    open_notebook(page, lab_server, "torchrun.ipynb")
+    started = page.evaluate("() => performance.now()")
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    page.wait_for_function(SHOWN_IN_OUTPUTS, arg="torchrun: starting 2 processes", timeout=30_000)
+    first_line_s = (page.evaluate("() => performance.now()") - started) / 1000
+    text = outputs_text(page)
+    status = page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status")
+    assert status == "busy" and "cell done" not in text, "the first line should show while the job runs"
+    page.wait_for_function(SHOWN_IN_OUTPUTS, arg="[rank1]: cell done", timeout=120_000)
+    text = outputs_text(page)
+    assert text.index("[rank0]: started: running the cell") < text.index("[rank0]: cell done"), text
+    print(f"time to the torchrun cell's first line in the browser: {first_line_s:.1f} s")
