@@ -27,7 +27,10 @@ import pytest
 
 from browser_helpers import CHROMIUM, CHROMIUM_ARGS, chromium_missing_reason, running_lab
 from conftest import REPO
+from course_lib.lesson import STALE_NOTE
 from course_lib.website import WIDGET_STATE, WIDGET_VIEW
+
+STALE_STEP = "Run All Above Selected Cell"  # the Run-menu item the stale note names
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -67,6 +70,11 @@ TWO_QUESTIONS_NOTEBOOK = {**FIXTURE_NOTEBOOK, "cells": [
     _code('shape.reveal("round", "SHAPE-WHY")\nsize.reveal("small", "SIZE-WHY")'),
 ]}
 
+# A question cell that needs the cell above it (as every lesson's questions need its set-up cells).
+SET_UP_THEN_QUESTION_NOTEBOOK = {**FIXTURE_NOTEBOOK, "cells": [
+    _code("from course_lib import lesson"),
+    _code('colour = lesson.predict("Which colour?", choices=["red", "blue"])'),
+]}
 # A distributed cell that computes silently for a while, as lesson cells do.
 TORCHRUN_NOTEBOOK = {**FIXTURE_NOTEBOOK, "cells": [
     _code("%load_ext course_lib.magics"),
@@ -93,6 +101,7 @@ def served_root(tmp_path_factory) -> Path:
     (root / "question.ipynb").write_text(json.dumps(QUESTION_NOTEBOOK))
     (root / "two_questions.ipynb").write_text(json.dumps(TWO_QUESTIONS_NOTEBOOK))
     (root / "torchrun.ipynb").write_text(json.dumps(TORCHRUN_NOTEBOOK))
+    (root / "set_up_then_question.ipynb").write_text(json.dumps(SET_UP_THEN_QUESTION_NOTEBOOK))
     if (REPO / "notebooks").is_dir():
         shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for name in ("pyproject.toml", "README.md"):
@@ -725,3 +734,28 @@ def test_a_torchrun_cell_shows_a_line_while_it_starts(page, lab_server):
     text = outputs_text(page)
     assert text.index("[rank0]: started: running the cell") < text.index("[rank0]: cell done"), text
     print(f"time to the torchrun cell's first line in the browser: {first_line_s:.1f} s")
+
+
+def test_the_stale_note_step_brings_a_question_back_on_a_new_kernel(page, lab_server):
+    """Seen: after a lab restart the note said "run this cell again", which raised NameError. On a new kernel the
+    cell alone still fails so; the note's step (Run All Above Selected Cell from the Run menu, then the cell) brings
+    the question back."""
+    assert STALE_STEP in STALE_NOTE
+    open_notebook(page, lab_server, "set_up_then_question.ipynb")
+    run_all_cells(page)
+    page.evaluate("async () => { await window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+                  ".restart(); }")
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status"
+                           " === 'idle'", timeout=60_000)
+    page.evaluate("""async () => { const panel = window.jupyterapp.shell.currentWidget;
+        panel.content.activeCellIndex = 1;
+        await window.jupyterapp.commands.execute('notebook:run-cell'); }""")
+    page.wait_for_function(SHOWN_IN_OUTPUTS, arg="NameError", timeout=60_000)  # the old advice, on a new kernel
+    page.evaluate("() => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = 1; }")
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{STALE_STEP}$")).click()
+    page.evaluate("""async () => { const panel = window.jupyterapp.shell.currentWidget;
+        panel.content.activeCellIndex = 1;
+        await window.jupyterapp.commands.execute('notebook:run-cell'); }""")
+    choice(page, "red").wait_for(state="visible", timeout=60_000)
+    assert error_outputs(page) == [], "the note's step should bring the question back without an error"
