@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"perf"},  # measuring instruments (they may time train's pieces)
     # what lessons, graders and commands use
     {"lesson", "widgets", "grading", "ddp_demo", "magics", "torchrun_entry", "doctor", "gpu_check", "bootstrap",
-     "lab_auth", "lab", "room"},
+     "lab_auth", "lab", "labcontents", "room"},
     {"website", "cli", "__main__", "__init__"},  # entry points
 ]
 
