@@ -10,7 +10,8 @@ NOTEBOOK_DIR ?= .
 # start first (tests/conftest.py: FIRST).
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-.PHONY: setup data lab test test-fast walkthrough doctor clean-notebooks exercises bench gpu-check site cells
+.PHONY: setup data lab test test-fast test-oldest test-newest walkthrough doctor clean-notebooks exercises bench \
+        gpu-check site cells
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +40,38 @@ test: setup
 test-fast: setup
 	$(TEST_ENV) $(PY) -m course_lib data prepare --quiet
 	$(TEST_ENV) $(PY) -m pytest -n 2 -m "not slow and not browser and not distributed" tests
+
+# The dependency range pyproject.toml claims, tested at both ends (not part of `make test`: each end downloads GBs).
+# test-oldest: every dependency at its floor (.ci/oldest_pins.py pins each `>=X` to `==X`), in .venv-oldest.
+# test-newest: the newest release of everything, torch included, in .venv-newest; PIP_CONSTRAINT=/dev/null sets aside
+# a cap that pip's own configuration may hold (an empty PIP_CONSTRAINT would be ignored).
+# Each runs test-fast's selection and then, whatever it gave, the lessons and solutions that launch torchrun, on its
+# own smoke data (drawn by its own Pillow: `data prepare` refuses to repair files another Pillow drew).
+# RANGE_ARGS=-n 0: one test process.
+RANGE_ARGS ?= -n 2 --dist loadfile
+RANGE_ENV = $(TEST_ENV) COURSE_DATA_DIR=$(CURDIR)/.venv-$*/data
+RANGE_NOTEBOOKS := 'tests/test_lessons.py::test_lesson_runs[09_distributed]' \
+                   'tests/test_lessons.py::test_lesson_runs[13_parallel]' solutions/11_ddp.ipynb solutions/21_parallel.ipynb
+
+.venv-oldest/.installed-stamp: pyproject.toml .ci/oldest_pins.py
+	@test -x .venv-oldest/bin/python || $(PYTHON) -m venv .venv-oldest
+	$(PYTHON) .ci/oldest_pins.py > .venv-oldest/floors.txt
+	.venv-oldest/bin/python -m pip install -q --upgrade pip
+	.venv-oldest/bin/python -m pip install -q -c .venv-oldest/floors.txt -e '.[dev]'
+	@touch $@
+
+.venv-newest/.installed-stamp: pyproject.toml
+	@test -x .venv-newest/bin/python || $(PYTHON) -m venv .venv-newest
+	.venv-newest/bin/python -m pip install -q --upgrade pip
+	PIP_CONSTRAINT=/dev/null .venv-newest/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[dev]'
+	@touch $@
+
+test-oldest test-newest: test-%: .venv-%/.installed-stamp
+	@.venv-$*/bin/python -c 'import sys, torch, torchvision, lightning; print("python", sys.version.split()[0], \
+		"torch", torch.__version__, "torchvision", torchvision.__version__, "lightning", lightning.__version__)'
+	$(RANGE_ENV) .venv-$*/bin/python -m course_lib data prepare --quiet
+	$(RANGE_ENV) .venv-$*/bin/python -m pytest $(RANGE_ARGS) -m "not slow and not browser and not distributed" tests; \
+	fast=$$?; $(RANGE_ENV) .venv-$*/bin/python -m pytest $(RANGE_ARGS) $(RANGE_NOTEBOOKS) && exit $$fast
 
 # Run All of every lesson in Chromium, then answer each question (minutes; not part of `make test`).
 walkthrough: setup

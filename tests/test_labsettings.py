@@ -56,7 +56,9 @@ def test_the_news_override_names_real_settings_of_the_installed_lab() -> None:
         pytest.skip(f"JupyterLab {jupyterlab.__version__} has no notification settings schema here")
     properties = json.loads(schema_path.read_text())["properties"]
     overrides = labsettings.COURSE_OVERRIDES[labsettings.NOTIFICATION_PLUGIN]
-    assert overrides["fetchNews"] in [choice["const"] for choice in properties["fetchNews"]["oneOf"]]
+    fetch_news = properties["fetchNews"]  # JupyterLab 4.2 lists its choices as an enum, later ones as titled oneOf
+    choices = fetch_news.get("enum") or [choice["const"] for choice in fetch_news["oneOf"]]
+    assert overrides["fetchNews"] in choices
     assert properties["checkForUpdates"]["type"] == "boolean" and overrides["checkForUpdates"] is False
 
 
