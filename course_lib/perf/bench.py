@@ -26,7 +26,6 @@ Writes ``latest.json`` (everything, machine description included) and ``latest.m
 
 from __future__ import annotations
 
-import argparse
 import copy
 import datetime as _dt
 import json
@@ -44,6 +43,7 @@ from typing import Any
 import torch
 
 from course_lib import atomic, clock
+from course_lib.argparsing import CommandParser
 from course_lib.device import pick_device, synchronize
 from course_lib.perf.compare import Comparison, Measurement, OtherPrograms, verdict_from_times
 from course_lib.perf.mfu import gpt_flops_per_token, peak_flops  # noqa: F401 - section (d); re-exported
@@ -873,7 +873,7 @@ def run_bench(preset: str = "quick", *, sections: Sequence[str] = SECTIONS, peak
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m course_lib bench", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m course_lib bench", description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="fewer steps and repetitions (a few minutes on 2 cores)")
     size.add_argument("--tiny", action="store_true", help="wiring check only: tiny sizes, numbers are meaningless")

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from course_lib import atomic, mode
+from course_lib.argparsing import CommandParser
 from course_lib.device import apply_course_threads, pick_device
 from course_lib.train.checkpoint import CheckpointError, WriteError, check_compatible, check_mode, read_checkpoint
 from course_lib.train.config import ConfigError, TrainConfig
@@ -84,7 +85,7 @@ def _parser_type(field: dataclasses.Field) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m course_lib.train",
         description="Train with the resumable template. Every TrainConfig field is an option.",
     )
