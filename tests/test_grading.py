@@ -832,3 +832,78 @@ def test_a_second_regrade_of_an_unchanged_class_runs_no_notebook(tmp_path: Path,
     assert sorted(run("--no-reuse") and ran) == ["ada", "bob"]
     with pytest.raises(SystemExit):
         grade_main([*command, "--students", "nobody"])
+
+
+def test_instructor_overrides_show_with_their_reason_and_survive_regrades(tmp_path: Path, extra: Path, monkeypatch,
+                                                                         capsys) -> None:
+    from course_lib.grading import grade
+
+    subs, out = tmp_path / "class", tmp_path / "grades.csv"
+    toy_notebook(subs / "ada" / "90_toy.ipynb")
+    toy_notebook(subs / "bob" / "90_toy.ipynb", double_body="return x + 2")
+    (subs / "cy").mkdir()  # handed in by email, too late for the run
+    overrides = tmp_path / "overrides.csv"
+    overrides.write_text('student,exercise,points,reason\n'
+                         'ada,90,-1,"halves copied from a classmate, agreed with Zoë"\n'
+                         'bob,ex90,+1,regrade request: doubling was right for the task as written\n'
+                         'cy,90,set 2,graded by hand from the emailed notebook\n', encoding="utf-8")
+    ran: list[str] = []
+    real = grade.grade_notebook
+    monkeypatch.setattr(grade, "grade_notebook",  # cy's missing notebook (path None) runs nothing
+                        lambda path, *a, **k: (path and ran.append(path.parent.name)) or real(path, *a, **k))
+    command = [str(subs), "--out", str(out), "--exercises", "90", "--extra-tests", str(extra), "--jobs", "1"]
+
+    def run(*more: str) -> dict[str, dict[str, str]]:
+        ran.clear()
+        assert grade_main([*command, *more]) == 0
+        return {row["student"]: row for row in csv.DictReader(out.open(encoding="utf-8"))}
+
+    def exported() -> dict[str, str]:
+        rows = list(csv.DictReader((tmp_path / "grades-canvas.csv").open(encoding="utf-8")))
+        return {row["Student"]: row["Exercise 90"] for row in rows if row["Student"] in ("ada", "bob", "cy")}
+
+    first = run("--overrides", str(overrides))
+    assert {s: (first[s]["ex90"], first[s]["total"]) for s in first} == {"ada": ("2", "2"), "bob": ("3", "3"),
+                                                                         "cy": ("2", "2")}
+    assert "instructor override: -1 point (the checks gave 3): halves copied from a classmate, agreed with Zoë" \
+        in first["ada"]["flags"]
+    assert exported() == {"ada": "2", "bob": "3", "cy": "2"}  # cy's override is a grade, not a blank
+    feedback = (tmp_path / "grades-feedback" / "bob" / "feedback.txt").read_text(encoding="utf-8")
+    assert "exercise 90: 3/3 points" in feedback
+    assert "+1 point (the checks gave 2): regrade request: doubling was right" in feedback
+    results = json.loads((tmp_path / "grades-feedback" / "bob" / "results.json").read_text(encoding="utf-8"))
+    assert results["score"] == 3 and "instructor override" in results["output"]
+
+    again = run("--regrade", str(out))  # no --overrides: the ones kept with the feedback apply again
+    assert ran == [] and again == first and exported() == {"ada": "2", "bob": "3", "cy": "2"}
+    assert "0 of 3 student(s) changed" in (tmp_path / "grades-regrade.txt").read_text()
+    assert "applying the previous run's 3 override(s)" in capsys.readouterr().out
+
+    toy_notebook(subs / "bob" / "90_toy.ipynb")  # bob fixes his notebook; only he is graded again
+    alone = run("--students", "bob")
+    assert ran == ["bob"] and (alone["ada"]["ex90"], alone["bob"]["ex90"], alone["cy"]["ex90"]) == ("2", "3", "2")
+    assert "the checks gave 3" in alone["bob"]["flags"]
+
+    overrides.write_text("student,exercise,points,reason\n", encoding="utf-8")  # the instructor drops them all
+    dropped = run("--overrides", str(overrides))
+    assert ran == [] and (dropped["ada"]["ex90"], dropped["bob"]["ex90"], dropped["cy"]["ex90"]) == ("3", "3", "0")
+    assert exported()["cy"] == ""
+
+
+@pytest.mark.parametrize("row, named", [
+    ("nobody,90,+1,late", "no student folder 'nobody'"),
+    ("ada,05,+1,late", "exercise '05' is not graded in this run"),
+    ("ada,90,2,late", "points '2' is not '+N', '-N' or 'set N'"),
+    ("ada,90,+1,", "no reason"),
+])
+def test_a_bad_override_is_refused_in_one_line_before_grading(tmp_path: Path, extra: Path, row: str, named: str,
+                                                             capsys) -> None:
+    toy_notebook(tmp_path / "class" / "ada" / "90_toy.ipynb")
+    overrides = tmp_path / "overrides.csv"
+    overrides.write_text(f"student,exercise,points,reason\n{row}\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as stop:
+        grade_main([str(tmp_path / "class"), "--out", str(tmp_path / "g.csv"), "--exercises", "90",
+                    "--extra-tests", str(extra), "--overrides", str(overrides)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and named in err[0], err
+    assert "line 2" in err[0] and not (tmp_path / "g.csv").exists()

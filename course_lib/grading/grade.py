@@ -11,7 +11,9 @@ Gradescope format) and ``feedback.txt`` (what failed, why, the hint); a summary 
 the same points in Canvas's and Moodle's import layouts; every output records the grader's version, and
 ``--regrade OLD.csv`` reports what changed since that run (see :mod:`course_lib.grading.gradebook`). All these files are
 written as one set and swapped in whole (:mod:`course_lib.grading.outputs`): Ctrl-C keeps the previous complete set.
-``--extra-tests DIR`` adds checks kept by the instructor (``*.py`` files using ``@check_for``).
+``--extra-tests DIR`` adds checks kept by the instructor (``*.py`` files using ``@check_for``). ``--overrides FILE``
+adjusts points per student and exercise with a reason (:func:`gradebook.read_overrides`); the file is kept with the
+feedback, so later runs, incremental or not, apply it again until another ``--overrides`` replaces it.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
 from pathlib import Path
 from textwrap import indent
 from typing import IO, Any
@@ -55,6 +59,37 @@ from course_lib.grading.runner import (
 )
 
 Table = dict[str, dict[str, NotebookGrade]]
+OVERRIDES_NAME = "overrides.csv"  # the overrides a run applied, kept in its feedback folder for the next run
+
+
+@dataclass
+class OverriddenGrade(NotebookGrade):
+    """A notebook's grade with the instructor's override applied: ``earned`` is the override's points; the checks'
+    results stay as they were (the regrade compares them, and reuse records the grade before the override)."""
+
+    override: gradebook.Override | None = None
+
+    @property
+    def earned(self) -> int:
+        checks = super().earned
+        return self.override.apply(checks, self.points) if self.override is not None else checks
+
+
+def apply_overrides(table: Table, overrides: dict[tuple[str, str], gradebook.Override]) -> Table:
+    """A new table with each override applied and said beside the score ("instructor override: +2 points (was
+    3): reason"); the graded ``NotebookGrade`` objects are not changed."""
+    result: Table = {}
+    for student, per_ex in table.items():
+        result[student] = dict(per_ex)
+        for number, grade in per_ex.items():
+            override = overrides.get((student, number))
+            if override is None:
+                continue
+            said = f"instructor override: {override.describe()} (the checks gave {grade.earned}): {override.reason}"
+            copied = {f.name: getattr(grade, f.name) for f in fields(NotebookGrade)}
+            copied["note"] = "; ".join(filter(None, (grade.note, said)))
+            result[student][number] = OverriddenGrade(**copied, override=override)
+    return result
 
 
 def student_folders(submissions: Path, outputs: Sequence[Path] = ()) -> list[Path]:
@@ -236,7 +271,10 @@ def write_feedback(table: Table, exercises: list[str], folder: Path, grader: str
 
 
 def not_handed_in(grade: NotebookGrade) -> bool:
-    """Missing, or handed in with every check 'not attempted yet': blank in the exports, not 0 (a grade)."""
+    """Missing, or handed in with every check 'not attempted yet': blank in the exports, not 0 (a grade). An
+    instructor's override is a grade."""
+    if isinstance(grade, OverriddenGrade):
+        return False
     return grade.status == MISSING or (grade.status == GRADED and bool(grade.results) and all(
         not r.passed and r.message.startswith("not attempted yet") for r in grade.results))
 
@@ -319,6 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "every other student keeps the previous run's grades")
     parser.add_argument("--no-reuse", action="store_true",
                         help="run every notebook, even one graded before and unchanged under the same grader")
+    parser.add_argument("--overrides", type=Path, metavar="CSV",
+                        help="points adjustments with a reason (header: student,exercise,points,reason; points +2, "
+                        "-1 or 'set 7'); kept with the feedback and applied again by later runs")
     parser.add_argument("--regrade", type=Path, metavar="OLD_CSV",
                         help="a previous run's grades.csv: report what changed, per student, exercise and check")
     args = parser.parse_args(argv)
@@ -365,6 +406,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not reuse.previous:
             parser.error(f"--students: no previous run's grades in {feedback}/ to keep for the other students; "
                          "grade the whole class once first")
+    overrides_file = args.overrides or next((folder / OVERRIDES_NAME for folder in earlier
+                                             if (folder / OVERRIDES_NAME).is_file()), None)
+    overrides: dict[tuple[str, str], gradebook.Override] = {}
+    if overrides_file is not None:
+        try:
+            overrides = gradebook.read_overrides(
+                overrides_file, [p.name for p in args.submissions.iterdir() if p.is_dir()], exercises)
+        except ValueError as exc:
+            parser.error(str(exc) if args.overrides else f"{exc} (kept from the previous run; pass --overrides "
+                         "with a corrected file)")
+        if not args.overrides:
+            print(f"applying the previous run's {len(overrides)} override(s) kept in {overrides_file}")
     try:
         table = grade_class(args.submissions, exercises, timeout_s=args.timeout, extra_dirs=extra_dirs,
                             jobs=args.jobs, outputs=[args.out, feedback], reuse=reuse)
@@ -379,12 +432,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not table:
         print(f"{args.submissions}: no student folders", file=sys.stderr)
         return 1
+    table = apply_overrides(table, overrides)
     report = regrade_lines(previous, table, exercises, grader) if previous is not None else None
     staging = None
     try:
         staging = Staging(outputs)
         export = write_set(staging, table, exercises, grader, report, roster, args.id_column)
         reuse.write(staging.feedback)
+        if overrides_file is not None:
+            shutil.copyfile(overrides_file, staging.feedback / OVERRIDES_NAME)
         staging.publish()
     except KeyboardInterrupt:
         if staging is not None and staging.published:

@@ -8,6 +8,8 @@
   in the CSV layouts Canvas's and Moodle's grade imports read, joined with a roster (login, name, email, SIS id,
   section per student folder; without one the folder name is the login). Missing or not attempted work is blank,
   never 0 (both read a blank as "no change"); a student the platform could not match is written aside.
+* :func:`read_overrides` -- the instructor's points adjustments (``grade --overrides FILE``): per student and
+  exercise, ``+2``/``-1`` or ``set 7``, with a reason the student's feedback shows.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,3 +237,75 @@ def regrade_report(previous: PreviousRun, grader: str, points: Mapping[str, Mapp
         changed_students += student_changed
     lines.append(f"{changed_students} of {len(set(points) | set(previous.points))} student(s) changed")
     return "\n".join(lines)
+
+
+OVERRIDE_FIELDS = ("student", "exercise", "points", "reason")
+_OVERRIDE_POINTS = re.compile(r"(?P<sign>[+-])\s*(?P<delta>\d+)|set\s+(?P<value>\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Override:
+    """The instructor's word on one student's exercise: add ``delta`` points, or ``set`` them, for ``reason``."""
+
+    student: str
+    exercise: str
+    reason: str
+    delta: int = 0
+    set: int | None = None
+
+    def apply(self, earned: int, possible: int) -> int:
+        """The points after the override, never below 0 nor above the exercise's ``possible`` points."""
+        return min(possible, max(0, self.set if self.set is not None else earned + self.delta))
+
+    def describe(self) -> str:
+        """``"+2 points"``, ``"-1 point"`` or ``"set to 7 points"``, as the feedback says it."""
+        if self.set is not None:
+            return f"set to {self.set} point{'s' * (self.set != 1)}"
+        return f"{self.delta:+d} point{'s' * (abs(self.delta) != 1)}"
+
+
+def read_overrides(path: Path, students: Iterable[str], exercises: Iterable[str]) -> dict[tuple[str, str], Override]:
+    """``{(student, exercise): Override}`` from a CSV with the header ``student,exercise,points,reason``.
+
+    ``points`` is ``+2`` or ``-1`` (added to what the checks gave) or ``set 7``, the result kept between 0 and the
+    exercise's maximum; the reason is required, as the student reads it. A ``ValueError`` naming the line at fault
+    for a student folder or an exercise that this run does not grade, malformed points, an empty reason or a second
+    row for the same student and exercise.
+    """
+    students, exercises = set(students), set(exercises)
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            reader = csv.DictReader(handle)
+            header = [(h or "").strip().lower() for h in (reader.fieldnames or [])]
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"--overrides {path}: cannot be read ({exc}); give a UTF-8 CSV") from exc
+    missing = [f for f in OVERRIDE_FIELDS if f not in header]
+    if missing:
+        raise ValueError(f"--overrides {path}: the header lacks {', '.join(missing)} (it has "
+                         f"{', '.join(h for h in header if h) or 'none'}); write {','.join(OVERRIDE_FIELDS)}")
+    overrides: dict[tuple[str, str], Override] = {}
+    for line, row in enumerate(rows, start=2):
+        cells = {(k or "").strip().lower(): from_csv_cell((v or "").strip()) for k, v in row.items() if k}
+        if not any(cells.values()):
+            continue  # a blank line a spreadsheet left
+        where = f"--overrides {path}, line {line}"
+        student, exercise = cells["student"], cells["exercise"].removeprefix("ex")
+        exercise = exercise.zfill(2) if exercise.isdigit() else exercise
+        if student not in students:
+            raise ValueError(f"{where}: no student folder {student!r} in the submissions; use the folder's name")
+        if exercise not in exercises:
+            raise ValueError(f"{where}: exercise {cells['exercise']!r} is not graded in this run (graded: "
+                             f"{', '.join(sorted(exercises))})")
+        points = _OVERRIDE_POINTS.fullmatch(cells["points"])
+        if points is None:
+            raise ValueError(f"{where}: points {cells['points']!r} is not '+N', '-N' or 'set N' "
+                             "(write +2 to add two points, set 7 to give 7)")
+        if not cells["reason"]:
+            raise ValueError(f"{where}: no reason; the student's feedback shows it, so write one")
+        if (student, exercise) in overrides:
+            raise ValueError(f"{where}: a second override of {student!r}'s exercise {exercise}; keep one row")
+        delta = int(points["delta"]) * (-1 if points["sign"] == "-" else 1) if points["sign"] else 0
+        value = int(points["value"]) if points["value"] is not None else None
+        overrides[student, exercise] = Override(student, exercise, cells["reason"], delta, value)
+    return overrides
