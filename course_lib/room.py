@@ -8,10 +8,15 @@ Instructor, with every learner's file in one folder::
 
     python -m course_lib class report FOLDER [--out DIR]
 
-For each claim (a lesson's comparison of ``a`` with ``b``) the report draws every machine's measured ratio, marks
-the machines whose verdict differs from the room's majority and gives the likely reason from their descriptions
-(fewer cores, another device, a busy machine whose verdict rested on CPU time, another torch version, smoke mode).
-It writes ``class-report.png`` and ``class-report.md``; files that are not bundles are skipped with one line each.
+Each bundle file is one machine (two files with the same host name are two machines). For each claim (a lesson's
+comparison of ``a`` with ``b``) the report draws every machine's measured ratio, marks the machines whose verdict
+differs from the room's majority, and those whose ratio is far from the room's median (more than
+``OUTLIER_FACTOR`` times above or below it, on the log scale the plot uses) even when the verdict agrees, and gives
+the likely reason from their descriptions (fewer cores, another device, a busy machine whose verdict rested on CPU
+time, another torch version, smoke mode). An even split is said as a tie, with no machine marked for its direction.
+Every claim is re-derived from its rounds first (the ``claims check`` logic, :func:`course_lib.perf.claims.problems`);
+one that does not re-derive is not counted and the report lists it. It writes ``class-report.png`` and
+``class-report.md``; files that are not bundles are skipped with one line each.
 """
 
 from __future__ import annotations
@@ -32,8 +37,11 @@ from course_lib.argparsing import CommandParser
 from course_lib.perf import claims
 
 BUNDLE_FORMAT = 1
-__all__ = ["machine_description", "export", "load_bundles", "Claim", "claims_by_comparison", "likely_reason",
-           "report_markdown", "draw", "progress_main", "class_main"]
+OUTLIER_FACTOR = 3.0  # a ratio more than 3x above or below the room's median is marked, whatever its verdict
+TIE = "tie"
+__all__ = ["machine_description", "export", "load_bundles", "Claim", "machine_labels", "claims_by_comparison",
+           "likely_reason", "median_ratio", "far_from_the_room", "report_markdown", "draw", "progress_main",
+           "class_main"]
 
 
 def machine_description() -> dict[str, Any]:
@@ -71,6 +79,7 @@ def load_bundles(folder: Path) -> tuple[list[dict[str, Any]], list[str]]:
             skipped.append(f"{path.name}: skipped, not a bundle from `progress export`")
             continue
         data["name"] = str(data.get("name") or path.stem)
+        data["file"] = path.name  # one machine per file: host names repeat (a lab's identical images)
         bundles.append(data)
     return bundles, skipped
 
@@ -86,22 +95,31 @@ class Claim:
     quantity: str
 
 
-def claims_by_comparison(bundles: Sequence[dict[str, Any]]) -> dict[str, list[Claim]]:
-    """``{"02_dataloader.ipynb: a vs b": [one Claim per machine (its last verdict)]}``; malformed lines skipped."""
-    found: dict[str, dict[str, Claim]] = {}
-    for bundle in bundles:
+def machine_labels(bundles: Sequence[dict[str, Any]]) -> list[str]:
+    """How the report names each bundle's machine: its name, with the file where two bundles share a name."""
+    names = Counter(b["name"] for b in bundles)
+    return [b["name"] if names[b["name"]] == 1 else f"{b['name']} ({b.get('file', '?')})" for b in bundles]
+
+
+def claims_by_comparison(bundles: Sequence[dict[str, Any]],
+                         rejected: list[str] | None = None) -> dict[str, list[Claim]]:
+    """``{"02_dataloader.ipynb: a vs b": [one Claim per bundle (its last verdict)]}``. A claim that does not
+    re-derive from its rounds (:func:`claims.problems`) is left out, with one line in ``rejected``."""
+    found: dict[str, dict[int, Claim]] = {}
+    for index, (bundle, label) in enumerate(zip(bundles, machine_labels(bundles))):
         for raw in bundle["claims"]:
-            if not isinstance(raw, dict) or raw.get("outcome") not in ("faster", "slower", "too_close"):
-                continue
-            try:
+            wrong = claims.problems(raw)
+            key = f"{raw.get('lesson') or '?'}: {raw.get('a')} vs {raw.get('b')}" if isinstance(raw, dict) else "?"
+            if not wrong:
                 ratio = float(raw["ratio"])
-            except (KeyError, TypeError, ValueError):
+                if not math.isfinite(ratio) or ratio <= 0:
+                    wrong = [f"ratio {ratio!r}"]
+            if wrong:
+                if rejected is not None:
+                    rejected.append(f"{label}: {key}: not counted, {wrong[0]}")
                 continue
-            if not math.isfinite(ratio) or ratio <= 0:
-                continue
-            key = f"{raw.get('lesson') or '?'}: {raw.get('a')} vs {raw.get('b')}"
-            found.setdefault(key, {})[bundle["name"]] = Claim(bundle["name"], bundle["machine"], raw["outcome"],
-                                                               ratio, str(raw.get("quantity", "")))
+            found.setdefault(key, {})[index] = Claim(label, bundle["machine"], raw["outcome"], ratio,
+                                                     str(raw.get("quantity", "")))
     return {key: list(per_machine.values()) for key, per_machine in sorted(found.items())}
 
 
@@ -127,21 +145,58 @@ def likely_reason(odd: Claim, majority: Sequence[Claim]) -> str:
 
 
 def _majority(claims_: Sequence[Claim]) -> tuple[str, list[Claim], list[Claim]]:
-    outcome = Counter(c.outcome for c in claims_).most_common(1)[0][0]
+    """``(verdict, who agrees, who differs)``; an even split at the top is :data:`TIE`, with no one differing."""
+    counts = Counter(c.outcome for c in claims_).most_common()
+    if len(counts) > 1 and counts[0][1] == counts[1][1]:
+        return TIE, [], []
+    outcome = counts[0][0]
     return outcome, [c for c in claims_ if c.outcome == outcome], [c for c in claims_ if c.outcome != outcome]
 
 
-def report_markdown(groups: dict[str, list[Claim]], machines: int, skipped: Sequence[str]) -> str:
-    """The report's table: per comparison, the room's ratios, its majority verdict and the machines that differ."""
+def _tie_said(claims_: Sequence[Claim]) -> str:
+    counts = Counter(c.outcome for c in claims_)
+    return "tie (" + ", ".join(f"{n} {o.replace('_', ' ')}" for o, n in sorted(counts.items())) + ")"
+
+
+def median_ratio(claims_: Sequence[Claim]) -> float:
+    """The room's median ratio (of the middle two, their geometric mean: ratios live on a log scale)."""
+    logs = sorted(math.log(c.ratio) for c in claims_)
+    middle = len(logs) // 2
+    return math.exp(logs[middle] if len(logs) % 2 else (logs[middle - 1] + logs[middle]) / 2)
+
+
+def far_from_the_room(claims_: Sequence[Claim]) -> list[tuple[Claim, float]]:
+    """``(claim, how many times above (>1) or below (<1) the median)`` for each ratio more than
+    :data:`OUTLIER_FACTOR` times away from the room's median; needs 3 machines (with 2 there is no room to be
+    far from)."""
+    if len(claims_) < 3:
+        return []
+    median = median_ratio(claims_)
+    return [(c, c.ratio / median) for c in claims_
+            if abs(math.log(c.ratio / median)) > math.log(OUTLIER_FACTOR)]
+
+
+def report_markdown(groups: dict[str, list[Claim]], machines: int, skipped: Sequence[str],
+                    rejected: Sequence[str] = ()) -> str:
+    """The report's table: per comparison, the room's ratios, its majority verdict (or a tie), the machines whose
+    verdict differs and those whose ratio is far from the room's median."""
     lines = [f"# The room's measurements ({machines} machines)", "",
              "| comparison | machines | ratios (min, median, max) | majority verdict | differs (likely reason) |",
              "|---|---|---|---|---|"]
     for key, claims_ in groups.items():
         ratios = sorted(c.ratio for c in claims_)
         outcome, majority, odd = _majority(claims_)
-        differs = "<br>".join(f"{c.machine}: {c.outcome} ({likely_reason(c, majority)})" for c in odd) or "-"
-        lines.append(f"| {key} | {len(claims_)} | {ratios[0]:.2f}x, {ratios[len(ratios) // 2]:.2f}x, "
-                     f"{ratios[-1]:.2f}x | {outcome.replace('_', ' ')} | {differs} |")
+        usual = majority or claims_
+        differs = [f"{c.machine}: {c.outcome} ({likely_reason(c, majority)})" for c in odd]
+        differs += [f"{c.machine}: {c.ratio:.3g}x, {max(times, 1 / times):.3g}x {'above' if times > 1 else 'below'} "
+                    f"the room's median ({likely_reason(c, usual)})"
+                    for c, times in far_from_the_room(claims_) if c not in odd]
+        verdict = _tie_said(claims_) if outcome == TIE else outcome.replace("_", " ")
+        lines.append(f"| {key} | {len(claims_)} | {ratios[0]:.2f}x, {median_ratio(claims_):.2f}x, "
+                     f"{ratios[-1]:.2f}x | {verdict} | {'<br>'.join(differs) or '-'} |")
+    if rejected:
+        lines += ["", "Claims not counted (they do not re-derive from their rounds, as `claims check` would say):",
+                  *[f"- {line}" for line in rejected]]
     if skipped:
         lines += ["", "Skipped files:", *[f"- {line}" for line in skipped]]
     return "\n".join(lines) + "\n"
@@ -159,6 +214,7 @@ def draw(groups: dict[str, list[Claim]], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(groups) + 1.6))
     for row, claims_ in enumerate(groups.values()):
         _, _, odd = _majority(claims_)
+        odd = odd + [c for c, _ in far_from_the_room(claims_)]
         for claim in claims_:
             ax.scatter(claim.ratio, row, color=colours[claim.outcome], s=36, zorder=3)
             if claim in odd:
@@ -213,12 +269,15 @@ def class_main(argv: Sequence[str] | None = None) -> int:
     bundles, skipped = load_bundles(args.folder)
     for line in skipped:
         print(line, file=sys.stderr)
-    groups = claims_by_comparison(bundles)
+    rejected: list[str] = []
+    groups = claims_by_comparison(bundles, rejected)
+    for line in rejected:
+        print(line, file=sys.stderr)
     if not groups:
         print(f"{args.folder}: no verdicts to compare in {len(bundles)} bundle(s)", file=sys.stderr)
         return 1
     out.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(out / "class-report.md", report_markdown(groups, len(bundles), skipped))
+    atomic.write_text(out / "class-report.md", report_markdown(groups, len(bundles), skipped, rejected))
     draw(groups, out / "class-report.png")
     print(f"{len(bundles)} machines, {len(groups)} comparisons: wrote {out / 'class-report.md'} and "
           f"{out / 'class-report.png'}")

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from course_lib import cli, room
+from course_lib.perf.claims import problems
+from course_lib.perf.compare import Verdict, decide
 
 MACHINES = {  # name: (description changes, {comparison: (outcome, ratio, quantity)})
     "ana": ({}, {"loop": ("faster", 80.0, "wall"), "workers": ("faster", 1.6, "wall")}),
@@ -21,10 +23,19 @@ COMPARISONS = {"loop": ("00_welcome.ipynb", "torch.sum", "the Python loop"),
 
 
 def _claim(comparison: str, outcome: str, ratio: float, quantity: str) -> dict:
+    """A claim as a lesson logs it: rounds that give ``ratio``, and the verdict and sentence they re-derive to."""
     lesson, a, b = COMPARISONS[comparison]
-    return {"format": 1, "lesson": lesson, "a": a, "b": b, "outcome": outcome, "ratio": ratio, "low": ratio * 0.9,
-            "high": ratio * 1.1, "band": 0.1, "quantity": quantity, "unit": "call", "a_times": [1.0],
-            "b_times": [ratio], "threads": 1, "sentence": "...", "time": "2026-12-03T08:00:00+00:00"}
+    a_times, b_times = [1.0, 1.0, 1.0], [ratio, ratio, ratio]
+    derived, ratio, low, high = decide(a_times, b_times, band=0.1, quantity=quantity)
+    assert derived == outcome, (comparison, ratio)
+    verdict = Verdict(a=a, b=b, outcome=derived, ratio=ratio, low=low, high=high, quantity=quantity,
+                      a_times=tuple(a_times), b_times=tuple(b_times), band=0.1, unit="call", threads=1)
+    claim = {"format": 1, "lesson": lesson, "a": a, "b": b, "outcome": outcome, "ratio": ratio, "low": low,
+             "high": high, "band": 0.1, "quantity": quantity, "unit": "call", "a_times": a_times,
+             "b_times": b_times, "threads": 1, "sentence": f"On this machine {verdict.headline()}.",
+             "time": "2026-12-03T08:00:00+00:00"}
+    assert problems(claim) == []
+    return claim
 
 
 def _room(folder: Path) -> Path:
@@ -83,3 +94,67 @@ def test_a_learner_exports_their_claims_with_their_machine(tmp_path: Path, monke
     with pytest.raises(SystemExit):
         cli.main(["progress", "export", "--out", str(out)])
     assert "COURSE_CLAIM_LOG is not set" in capsys.readouterr().err
+
+
+def _bundle(folder: Path, file: str, name: str, results: dict, **changes: object) -> None:
+    base = {"cores": 4, "usable_cores": 4, "machine": "x86_64", "system": "Linux", "device": "cpu",
+            "torch": "2.9.0", "python": "3.12.1", "mode": "full", "course": "0.1.0", **changes}
+    claims = [c if isinstance(c, dict) else _claim(*c) for c in results]
+    (folder / file).write_text(json.dumps({"format": 1, "kind": "course-room-bundle", "name": name,
+                                           "machine": base, "claims": claims}))
+
+
+def _line(folder: Path, out: Path, comparison: str) -> str:
+    assert cli.main(["class", "report", str(folder), "--out", str(out)]) == 0
+    return next(line for line in (out / "class-report.md").read_text().splitlines() if comparison in line)
+
+
+def test_bundles_from_machines_with_one_host_name_are_each_a_machine(tmp_path: Path) -> None:
+    """Seen: a lab's identical images all called themselves "lab-pc"; the last file won, with no warning."""
+    folder = tmp_path / "room"
+    folder.mkdir()
+    _bundle(folder, "a.json", "lab-pc", [("loop", "faster", 80.0, "wall")])
+    _bundle(folder, "b.json", "lab-pc", [("loop", "faster", 90.0, "wall")])
+    _bundle(folder, "c.json", "lab-pc", [("loop", "slower", 0.5, "wall")], usable_cores=1)
+    line = _line(folder, tmp_path / "out", "torch.sum vs the Python loop")
+    assert "| 3 |" in line and "(3 machines)" in (tmp_path / "out" / "class-report.md").read_text()
+    assert "lab-pc (c.json): slower" in line
+
+
+def test_a_ratio_far_from_the_room_is_marked_though_its_verdict_agrees(tmp_path: Path) -> None:
+    """Seen: a laptop at 2.94x in a room at 114x, both "faster", was not marked."""
+    folder = tmp_path / "room"
+    folder.mkdir()
+    for name, ratio in (("ana", 114.0), ("ben", 120.0), ("cai", 100.0), ("dev", 2.94)):
+        _bundle(folder, f"{name}.json", name, [("loop", "faster", ratio, "wall")],
+                **({"device": "mps"} if name == "dev" else {}))
+    line = _line(folder, tmp_path / "out", "torch.sum vs the Python loop")
+    assert "| 2.94x, 106.77x, 120.00x | faster |" in line
+    assert "dev: 2.94x, 36.3x below the room's median (device mps (most: cpu))" in line
+    assert "ana" not in line.split("| faster |")[1]  # within 3x of the median: not marked
+    assert room.median_ratio([room.Claim("x", {}, "faster", r, "wall") for r in (2.0, 8.0)]) == pytest.approx(4.0)
+
+
+def test_an_even_split_is_said_as_a_tie(tmp_path: Path) -> None:
+    """Seen: a 1-1 split called the verdict of the file that sorts first the "majority"."""
+    folder = tmp_path / "room"
+    folder.mkdir()
+    _bundle(folder, "a.json", "ana", [("workers", "slower", 0.7, "wall")])
+    _bundle(folder, "b.json", "ben", [("workers", "faster", 1.5, "wall")])
+    line = _line(folder, tmp_path / "out", "workers=2 vs workers=0")
+    assert "| tie (1 faster, 1 slower) | - |" in line
+
+
+def test_a_claim_that_does_not_re_derive_is_not_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Seen: claims were taken as logged, without the `claims check` re-derivation."""
+    folder = tmp_path / "room"
+    folder.mkdir()
+    forged = {**_claim("workers", "slower", 0.7, "wall"), "outcome": "faster", "ratio": 3.0}  # edited by hand
+    _bundle(folder, "a.json", "ana", [("workers", "faster", 1.5, "wall")])
+    _bundle(folder, "b.json", "ben", [("workers", "faster", 1.6, "wall")])
+    _bundle(folder, "c.json", "cai", [forged])
+    line = _line(folder, tmp_path / "out", "workers=2 vs workers=0")
+    assert "| 2 |" in line and "cai" not in line
+    report = (tmp_path / "out" / "class-report.md").read_text()
+    assert "cai: 02_dataloader.ipynb: workers=2 vs workers=0: not counted, the rounds give 'slower'" in report
+    assert "not counted" in capsys.readouterr().err
