@@ -267,7 +267,10 @@ def limit_label(share: float, bound: str, dtype: str, ceiling: Ceiling, *, call_
 
 def ceiling_ratio_text(ceiling: Ceiling, facts: DeviceFacts) -> str:
     """How this machine's measured ceiling compares with a data-centre GPU's datasheet peak, from the figures: on a
-    CPU against an H100's fp32 and bf16 peaks; on a GPU its measured roofs against its own datasheet."""
+    CPU against an H100's fp32 and bf16 peaks; on a GPU its measured roofs against its own datasheet.
+
+    Taught in lesson 14 (``notebooks/14_ceiling.ipynb``).
+    """
     if facts.is_gpu:
         if not ceiling.datasheet:
             return "This GPU's datasheet peak is not in the course's table."
