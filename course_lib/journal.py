@@ -33,7 +33,7 @@ from course_lib import atomic, mode
 VERSION = 1
 COURSE_ROOT = Path(__file__).resolve().parents[1]  # the clone, when course_lib is used from one
 
-__all__ = ["path", "load", "lesson_run", "prediction_answered", "exercise_checked",
+__all__ = ["path", "load", "valid_entries", "lesson_run", "prediction_answered", "exercise_checked",
            "current_notebook", "summary_markdown", "show"]
 
 
@@ -79,7 +79,7 @@ def load(where: Path | None = None) -> dict[str, Any]:
             not isinstance(data.get("exercises"), dict):
         _set_aside(where, ValueError("not a progress journal"))
         return _empty()
-    clean, dropped = _valid_entries(data)
+    clean, dropped = valid_entries(data)
     if dropped:
         _set_aside(where, ValueError(f"malformed entries: {', '.join(dropped)}"), kept_entries=clean)
         try:  # the good entries carry on in a new journal
@@ -103,7 +103,7 @@ def _valid_exercise(entry: Any) -> bool:
             and isinstance(entry.get("at", ""), str))
 
 
-def _valid_entries(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def valid_entries(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The journal with only the entries every reader can use, and the names of those left out."""
     lessons = {k: v for k, v in data["lessons"].items() if _valid_lesson(v)}
     exercises = {k: v for k, v in data["exercises"].items() if _valid_exercise(v)}

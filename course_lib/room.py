@@ -40,7 +40,8 @@ BUNDLE_FORMAT = 1
 OUTLIER_FACTOR = 3.0  # a ratio more than 3x above or below the room's median is marked, whatever its verdict
 TIE = "tie"
 __all__ = ["machine_description", "export", "load_bundles", "Claim", "machine_labels", "claims_by_comparison",
-           "likely_reason", "median_ratio", "far_from_the_room", "report_markdown", "draw", "progress_main",
+           "likely_reason", "median_ratio", "far_from_the_room", "report_markdown", "progress_markdown", "draw",
+           "progress_main",
            "class_main"]
 
 
@@ -60,7 +61,8 @@ def export(claim_log: Path, out: Path, name: str = "") -> int:
     """Bundle the claim log with this machine's description into ``out``; returns how many claims it holds."""
     lines = [json.loads(line) for line in claim_log.read_text(encoding="utf-8").splitlines() if line.strip()]
     bundle = {"format": BUNDLE_FORMAT, "kind": "course-room-bundle", "name": name or platform.node(),
-              "machine": machine_description(), "claims": [c for c in lines if isinstance(c, dict)]}
+              "machine": machine_description(), "claims": [c for c in lines if isinstance(c, dict)],
+              "progress": journal.load()}
     atomic.write_text(out, json.dumps(bundle, indent=1) + "\n")
     return len(bundle["claims"])
 
@@ -202,6 +204,30 @@ def report_markdown(groups: dict[str, list[Claim]], machines: int, skipped: Sequ
     return "\n".join(lines) + "\n"
 
 
+def progress_markdown(bundles: Sequence[dict[str, Any]]) -> str:
+    """The room's progress, one row per bundle: lessons run, predictions answered (and how many matched the
+    measurement), exercises checked and their points, from each learner's journal as `progress export` bundled it."""
+    lines = ["# The room's progress", "",
+             "| machine | lessons run | predictions answered (matched) | exercises checked | points |",
+             "|---|---|---|---|---|"]
+    for label, bundle in zip(machine_labels(bundles), bundles):
+        data = bundle.get("progress")
+        if not isinstance(data, dict) or not isinstance(data.get("lessons"), dict) \
+                or not isinstance(data.get("exercises"), dict):
+            lines.append(f"| {label} | not in this bundle (exported before progress was bundled) | | | |")
+            continue
+        clean, _ = journal.valid_entries(data)
+        lessons = clean["lessons"]
+        answers = [a for entry in lessons.values() for a in entry.get("predictions", {}).values()]
+        matched = sum(a.get("matched") is True for a in answers)
+        exercises = clean["exercises"]
+        earned = sum(e["earned"] for e in exercises.values())
+        possible = sum(e["possible"] for e in exercises.values())
+        lines.append(f"| {label} | {sum(bool(e.get('run')) for e in lessons.values())} | {len(answers)} ({matched}) "
+                     f"| {len(exercises)} | {f'{earned}/{possible}' if exercises else '-'} |")
+    return "\n".join(lines) + "\n"
+
+
 def draw(groups: dict[str, list[Claim]], out: Path) -> Path:
     """One row per comparison: each machine's ratio (log scale), coloured by its verdict; a ring marks a machine
     whose verdict differs from the room's majority."""
@@ -277,7 +303,8 @@ def class_main(argv: Sequence[str] | None = None) -> int:
         print(f"{args.folder}: no verdicts to compare in {len(bundles)} bundle(s)", file=sys.stderr)
         return 1
     out.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(out / "class-report.md", report_markdown(groups, len(bundles), skipped, rejected))
+    atomic.write_text(out / "class-report.md", report_markdown(groups, len(bundles), skipped, rejected) + "\n"
+                      + progress_markdown(bundles))
     draw(groups, out / "class-report.png")
     print(f"{len(bundles)} machines, {len(groups)} comparisons: wrote {out / 'class-report.md'} and "
           f"{out / 'class-report.png'}")

@@ -158,3 +158,29 @@ def test_a_claim_that_does_not_re_derive_is_not_counted(tmp_path: Path, capsys: 
     report = (tmp_path / "out" / "class-report.md").read_text()
     assert "cai: 02_dataloader.ipynb: workers=2 vs workers=0: not counted, the rounds give 'slower'" in report
     assert "not counted" in capsys.readouterr().err
+
+
+def test_the_class_report_shows_the_rooms_progress_from_the_bundles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Each learner's `progress export` carries their journal: the report adds one row per machine."""
+    from course_lib import journal
+
+    room_dir = tmp_path / "room"
+    room_dir.mkdir()
+    log = tmp_path / "claims.jsonl"
+    log.write_text(json.dumps(_claim("loop", "faster", 50.0, "wall")) + "\n")
+    monkeypatch.setenv("COURSE_CLAIM_LOG", str(log))
+    monkeypatch.setenv("COURSE_PROGRESS_FILE", str(tmp_path / "ana-progress.json"))
+    monkeypatch.setenv("COURSE_UNATTENDED", "0")
+    journal.lesson_run("notebooks/01_bottleneck.ipynb")
+    journal.lesson_run("notebooks/02_dataloader.ipynb")
+    journal.prediction_answered("q1", "faster", True, notebook="notebooks/01_bottleneck.ipynb")
+    journal.prediction_answered("q2", "slower", False, notebook="notebooks/02_dataloader.ipynb")
+    journal.exercise_checked("05", 3, 5)
+    assert cli.main(["progress", "export", "--out", str(room_dir / "ana.json"), "--name", "ana"]) == 0
+    _bundle(room_dir, "ben.json", "ben", [("loop", "faster", 60.0, "wall")])  # exported before progress was
+    assert cli.main(["class", "report", str(room_dir), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "class-report.md").read_text()
+    progress = report.split("# The room's progress", 1)[1]
+    assert "| ana | 2 | 2 (1) | 1 | 3/5 |" in progress
+    assert "| ben | not in this bundle" in progress
