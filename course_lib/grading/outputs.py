@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from course_lib.train.loop import ctrl_c_deferred
+from course_lib.interrupts import ctrl_c_deferred
 
 
 @dataclass(frozen=True)

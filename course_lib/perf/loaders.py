@@ -34,10 +34,10 @@ from torch.utils.data import Dataset
 
 from course_lib import clock
 from course_lib.device import synchronize
+from course_lib.interrupts import ctrl_c_deferred
 from course_lib.perf.compare import Comparison, compare
 from course_lib.perf.memory import host_rss_mb, process_footprint_mb
 from course_lib.perf.timing import first_tensor, now, to_device
-from course_lib.train.loop import ctrl_c_deferred
 
 CONFIG_KEYS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers", "epochs")
 

@@ -47,6 +47,7 @@ from torch import nn
 from course_lib import atomic, clock
 from course_lib.device import resolve_amp_dtype
 from course_lib.distributed import all_reduce_sum, get_rank, get_world_size, unwrap
+from course_lib.interrupts import ctrl_c_deferred
 from course_lib.progress import tqdm
 from course_lib.train.accumulate import backward_group
 from course_lib.train.checkpoint import (
@@ -430,29 +431,6 @@ def raise_pending_stop() -> None:
     """Raise the stop that :func:`stop_signals` held back until a step boundary, if there is one."""
     if _stops:
         _raise_stop(_stops[0])
-
-
-@contextlib.contextmanager
-def ctrl_c_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that arrives inside the block and raise it at the block's end (main thread only);
-    SIGTERM too, when a Python handler was installed for it (:func:`stop_signals`)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    deferred = [signal.SIGINT] + ([signal.SIGTERM] if callable(signal.getsignal(signal.SIGTERM)) else [])
-    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in deferred}
-    try:
-        yield
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
-        if received:
-            old = previous[received[0]]
-            if callable(old):
-                old(received[0], None)  # the default SIGINT handler raises KeyboardInterrupt here
-            elif old == signal.SIG_DFL:
-                raise KeyboardInterrupt
 
 
 def evaluate_and_checkpoint(run: Run, done: int) -> None:
