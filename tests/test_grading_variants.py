@@ -1088,6 +1088,21 @@ def test_wrong_variant_fails(number: str, mistake: str, code: str, check: str) -
     assert any(check in name for name in failing), f"{mistake!r} should fail {check!r}; failing: {failing}"
 
 
+ALL_HINTS = [(n, *row) for n, table in TABLES.items() for row in getattr(table, "HINTS", [])]
+
+
+@pytest.mark.parametrize("number, mistake, code, check, words", ALL_HINTS, ids=[f"{h[0]}-{h[1]}" for h in ALL_HINTS])
+def test_hint_names_the_mistake(number: str, mistake: str, code: str, check: str, words: tuple[str, ...]) -> None:
+    """The failing check's message or hint names the mistake that was made, not only the rule it broke (a word
+    written ``-word`` must not appear: a hint that blames the wrong mistake)."""
+    results = judge_row(number, code, only=check)
+    failing = [r for name, r in results.items() if check in name and not r.passed]
+    assert failing, f"{mistake!r} should fail {check!r}"
+    text = " ".join(f"{r.message} {r.hint}" for r in failing)
+    said = all(word[1:] not in text if word.startswith("-") else word in text for word in words)
+    assert said, f"{mistake!r}: the hint should say {words} ('-word': not that word); it says: {text}"
+
+
 @pytest.mark.parametrize("number, difference, code", ALL_RIGHT, ids=[f"{r[0]}-{r[1]}" for r in ALL_RIGHT])
 def test_correct_alternative_passes(number: str, difference: str, code: str) -> None:
     original, precision = torch.compile, torch.get_float32_matmul_precision()

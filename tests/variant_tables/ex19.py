@@ -103,3 +103,28 @@ RIGHT = [
             return (intensity, peak_flops, "compute")
         """),
 ]
+
+# (what the mistake is, the code, a word from the name of the check that must fail, words its hint must contain):
+# the hint names the mistake that was made, not only the rule.
+HINTS = [
+    ("the bias add counted (N*b per Linear, forward only)", """
+        def step_flops(widths, batch, tokens, vocab):
+            rows, total = batch * tokens, 0
+            for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+                forward = 2 * rows * a * b
+                total += 3 * forward - (forward if i == 0 and vocab is None else 0) + rows * b
+            return total
+        """, "float inputs", ("bias",)),
+    ("the bias counted as a weight row: Linear(a, b) as an (a + 1) x b matmul", """
+        def step_flops(widths, batch, tokens, vocab):
+            rows, total = batch * tokens, 0
+            for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+                forward = 2 * rows * (a + 1) * b
+                total += 3 * forward - (forward if i == 0 and vocab is None else 0)
+            return total
+        """, "embedding", ("bias",)),
+    ("the backward forgotten: the hint teaches the rule, it does not blame the bias", """
+        def step_flops(widths, batch, tokens, vocab):
+            return sum(2 * batch * tokens * a * b for a, b in zip(widths[:-1], widths[1:]))
+        """, "float inputs", ("gradient", "-bias")),
+]

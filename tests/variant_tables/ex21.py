@@ -23,7 +23,7 @@ def judge(number: str, code: str, only: str = "") -> dict[str, CheckResult]:
 def _buckets(*, hook: str = "param.register_post_accumulate_grad_hook(ready)",
              average: str = "bucket['flat'] / self.world", flush: str = "launch(bucket)",
              wait: str = "bucket['work'].wait()", cap: str = "bucket_cap_bytes", launch_first: str = "",
-             in_order: bool = True) -> str:
+             in_order: bool = True, reset: str = "bucket.update(ready=0, flat=None, work=None)") -> str:
     """The solution's BucketedAllReduce with one piece replaced (what learners get wrong is usually one line)."""
     full = "bucket['ready'] == len(bucket['params'])"
     rule = ((  # a full bucket leaves only after the ones before it, as the solution does
@@ -80,7 +80,7 @@ def _buckets(*, hook: str = "param.register_post_accumulate_grad_hook(ready)",
                         else:
                             param.grad.copy_(piece)
                         offset += param.numel()
-                    bucket.update(ready=0, flat=None, work=None)
+                    {reset}
         """
 
 
@@ -328,4 +328,11 @@ RIGHT: list[tuple[str, str]] = [
                 dist.all_gather(pieces, padded)
                 torch.nn.utils.vector_to_parameters(torch.cat(pieces)[:self.n], self.params)
         """),
+]
+
+# (what the mistake is, the code, a word from the name of the check that must fail, words its hint must contain):
+# the hint names the mistake that was made (here: state kept from one step to the next), not averaging.
+HINTS: list[tuple[str, str, str, tuple[str, ...]]] = [
+    ("finish() never resets the buckets: the next steps reuse the first step's handles and averages",
+     _buckets(reset="pass"), "one process", ("reset", "__init__")),
 ]

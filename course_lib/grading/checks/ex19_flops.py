@@ -90,6 +90,20 @@ _FLOPS_HINT = ("per Linear(a, b) on N = batch * tokens rows: 2*N*a*b forward (a 
                "and the loss count 0")
 
 
+_BIAS_HINT = ("your count is the right one plus the biases' work: FlopCounterMode counts only the matrix multiplies, "
+              "so the bias add (N*b per Linear(a, b)), its gradient (a sum over the N rows) and a weight widened to "
+              "(a + 1) x b all count 0 -- count 2*N*a*b per matmul and leave the bias out")
+
+
+def _bias_multiples(s: dict[str, Any]) -> set[int]:
+    """What counting the biases adds to the right answer: c bias-sized terms (N*b per layer) per layer, c in 1..6,
+    the first layer's input gradient included or not (a weight widened to (a + 1) x b adds 2, 4 or 6 of them)."""
+    rows, widths = s["batch"] * s["tokens"], s["widths"]
+    per_layer = [rows * b for b in widths[1:]]
+    first_input_grad = 0 if s["vocab"] is not None else per_layer[0]
+    return {c * sum(per_layer) - k * first_input_grad for c in range(1, 7) for k in (0, 2) if c > k}
+
+
 def _judge_flops(ns: Any, specs: list[dict[str, Any]], reference: Any) -> None:
     seen = observe(ns, _flops, specs)
     if not isinstance(seen, list) or [row[0] if isinstance(row, list) and row else None for row in seen] != specs:
@@ -97,7 +111,9 @@ def _judge_flops(ns: Any, specs: list[dict[str, Any]], reference: Any) -> None:
     for s, (_, got) in zip(specs, seen):
         want = reference(_spec(s))
         if isinstance(got, str) or got != want:
-            raise CheckFailed(f"{_show(s)} is wrong", hint=_FLOPS_HINT, expected=want, got=got)
+            counted_bias = not isinstance(got, str) and got - want in _bias_multiples(s)
+            raise CheckFailed(f"{_show(s)} is wrong" + (": it counts the biases" if counted_bias else ""),
+                              hint=_BIAS_HINT if counted_bias else _FLOPS_HINT, expected=want, got=got)
 
 
 @check_for("19", "step FLOPs: an MLP on float inputs (forward and backward, no gradient for the data)", points=2,

@@ -100,6 +100,23 @@ def _one_process(cfg: dict[str, Any]) -> torch.Tensor:
     return driver.flat(model.parameters())
 
 
+_NOT_RESET_HINT = ("finish() must leave every bucket as __init__ made it -- no gradient counted as ready, no flat "
+                   "buffer, no handle -- so that the next backward fills and launches every bucket again: the first "
+                   "step was right and a later one was not, which is what state kept from the step before does")
+
+
+def _not_reset(record: dict[str, Any]) -> str:
+    """Why a later step's messages differ from the first step's ('' when they do not): state not reset."""
+    first = record["steps"][0]
+    for k, step in enumerate(record["steps"][1:], 1):
+        if (step["all_reduce_bytes"], sorted(step["before_marker"])) != (first["all_reduce_bytes"],
+                                                                         sorted(first["before_marker"])):
+            return (f"step {k} sent all-reduces of {step['all_reduce_bytes']} bytes ({len(step['before_marker'])} "
+                    f"during backward) where step 0 sent {first['all_reduce_bytes']} ({len(first['before_marker'])} "
+                    "during backward): the buckets' state was not reset after finish()")
+    return ""
+
+
 @check_for("21", "bucketed training matches one process on the whole batch", points=2, parts=("21.1", "21.2", "21.3"))
 def matches_one_process(ns: dict[str, Any]) -> None:
     cfg, ranks = _ranks(ns, "dp")
@@ -109,15 +126,17 @@ def matches_one_process(ns: dict[str, Any]) -> None:
         if got.shape == want.shape and torch.allclose(got, want, rtol=0, atol=DP_TOLERANCE):
             continue
         unwaited = max(step["unwaited"] for step in record["steps"])
-        why = (f"{unwaited} async all-reduce(s) had not been waited for when optimizer.step() ran, so the step "
-               "used gradients that were never averaged" if unwaited else
-               "its gradients were not the average over the ranks of every step's gradients")
+        stale = _not_reset(record)
+        why = stale or (f"{unwaited} async all-reduce(s) had not been waited for when optimizer.step() ran, so the "
+                        "step used gradients that were never averaged" if unwaited else
+                        "its gradients were not the average over the ranks of every step's gradients")
         raise CheckFailed(
             f"rank {rank}'s weights after {cfg['dp']['steps']} SGD steps (lr {cfg['dp']['lr']:g}) differ from one "
             f"process trained on the {driver.WORLD * cfg['dp']['batch']}-sample global batches: {why}",
-            hint="all-reduce SUM then divide by the world size; launch a bucket from "
-                 "register_post_accumulate_grad_hook (register_hook runs before autograd writes .grad); finish() "
-                 "sends the buckets still waiting, waits on every handle, then copies the averages into .grad",
+            hint=_NOT_RESET_HINT if stale else
+            "all-reduce SUM then divide by the world size; launch a bucket from "
+            "register_post_accumulate_grad_hook (register_hook runs before autograd writes .grad); finish() "
+            "sends the buckets still waiting, waits on every handle, then copies the averages into .grad",
             expected=f"within {DP_TOLERANCE:g} of the one-process weights", got=_gap(got, want))
 
 
@@ -148,12 +167,14 @@ def bucket_messages(ns: dict[str, Any]) -> None:
                          "launched (a full bucket waits for the ones before it); finish() sends the rest in order",
                     expected=f"{want} bytes, in this order", got=f"{got['all_reduce_bytes']} bytes (sent order)")
             if sorted(got["all_reduce_bytes"]) != sorted(want):
+                stale = _not_reset(record) if step else ""
                 raise CheckFailed(
                     f"rank {rank}, step {step}: the all-reduces sent are not one per bucket of at most "
-                    f"{cfg['dp']['cap_bytes']} bytes",
-                    hint="walk the parameters in reverse registration order; close the bucket before a parameter "
-                         "that would take it past the cap (a parameter larger than the cap goes alone); one flat "
-                         "message per bucket, float32 (4 bytes per element)",
+                    f"{cfg['dp']['cap_bytes']} bytes" + (f" ({stale})" if stale else ""),
+                    hint=_NOT_RESET_HINT if stale else
+                    "walk the parameters in reverse registration order; close the bucket before a parameter "
+                    "that would take it past the cap (a parameter larger than the cap goes alone); one flat "
+                    "message per bucket, float32 (4 bytes per element)",
                     expected=f"{len(want)} messages of {want} bytes (bucket order)",
                     got=f"{len(got['all_reduce_bytes'])} messages of {got['all_reduce_bytes']} bytes (sent order)")
 
@@ -165,11 +186,13 @@ def overlap(ns: dict[str, Any]) -> None:
     for rank, record in enumerate(ranks):
         for step, got in enumerate(record["steps"]):
             if sorted(got["before_marker"]) != sorted(want):
+                stale = _not_reset(record)
                 raise CheckFailed(
                     f"rank {rank}, step {step}: the buckets whose gradients were all final before the first layer's "
-                    "were not sent while backward was still running",
-                    hint="launch each bucket from register_post_accumulate_grad_hook, the moment its last gradient "
-                         "is final, with async_op=True; finish() only sends what never filled",
+                    "were not sent while backward was still running" + (f" ({stale})" if stale else ""),
+                    hint=_NOT_RESET_HINT if stale else
+                    "launch each bucket from register_post_accumulate_grad_hook, the moment its last gradient "
+                    "is final, with async_op=True; finish() only sends what never filled",
                     expected=f"all-reduces of {sorted(want)} bytes before inp.weight's gradient was final",
                     got=f"{sorted(got['before_marker'])} bytes before it, {got['all_reduce_bytes']} in all")
 
