@@ -100,8 +100,21 @@ def ensure(expected: str, source: str = "") -> None:
     prepare_shapes(progress=True)  # reads one marker file when the data is already there
     prepare_text()
     show_blank_exercises_briefly()
+    watch_long_cells()
     journal.lesson_run()  # the learner's progress journal (a lesson's notebook only; never in tests)
     print(f"course_lib {found} · {mode.mode()} mode · data in {mode.data_dir()} · device: {device_summary()}")
+
+
+def watch_long_cells() -> bool:
+    """In a notebook, a cell silent for 10 s shows what it is doing and about how long is left
+    (:mod:`course_lib.heartbeat`). Returns whether the watch is installed (False outside IPython)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    from course_lib import heartbeat
+
+    return heartbeat.watch_cells(get_ipython())
 
 
 NOT_ATTEMPTED = "Exercise "  # how a blank exercise's NotImplementedError starts ("Exercise 14.1: ...")

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from course_lib import atomic
+from course_lib import atomic, heartbeat
 from course_lib.torchrun_entry import STATUS_ENV
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -386,8 +386,9 @@ def torchrun_cell(line: str, cell: str) -> None:
     # Said before anything starts: the launcher and each rank import torch first, which takes seconds.
     show(f"torchrun: starting {nproc} process{'es' if nproc != 1 else ''} on this machine (each imports torch "
          "first, a few seconds); each rank says when it runs the cell.\n")
-    returncode, output = run_torchrun(cell, nproc=nproc, timeout=timeout, script_args=script_args, on_line=show,
-                                      env={STATUS_ENV: "1"}, on_silence=still_running)
+    with heartbeat.working_on("torchrun", reports_itself=True):  # it prints its own "still running" lines
+        returncode, output = run_torchrun(cell, nproc=nproc, timeout=timeout, script_args=script_args, on_line=show,
+                                          env={STATUS_ENV: "1"}, on_silence=still_running)
     if returncode != 0:
         raise TorchrunError(
             f"torchrun exited with code {returncode} (a rank failed).\n{failure_report(output, nproc)}",

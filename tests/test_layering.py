@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1] / "course_lib"
 LAYERS: list[set[str]] = [
     # foundation: reads the environment and the machine, writes files whole
     {"mode", "argparsing", "device_audit", "device", "nbclean", "nbrun", "labsettings", "progress", "atomic", "clock",
-     "interrupts", "journal"},
+     "interrupts", "heartbeat", "journal"},
     {"data", "models", "distributed", "parallel"},  # what is trained, on what, across how many processes
     {"train"},  # the training template
     {"perf"},  # measuring instruments (they may time train's pieces)

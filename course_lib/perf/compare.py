@@ -45,7 +45,7 @@ from typing import Any
 import psutil
 import torch
 
-from course_lib import clock
+from course_lib import clock, heartbeat
 from course_lib.device import apply_course_threads, course_threads, synchronize
 from course_lib.perf.busy import spinning_pids
 
@@ -710,19 +710,22 @@ def compare(
     torch.set_num_threads(n_threads)
     try:
         started = clock.now()
-        calls = {n: _calibrated_calls(contenders[n], warmup, min_round_s, device) for n in names}  # warm-up too
-        rows: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
-        stopped = False
-        with OtherPrograms() as load:  # what the rest of the machine did meanwhile
-            for i in range(rounds):
-                order = names if i % 2 == 0 else names[::-1]
-                round_start = clock.now()
-                for n in order:
-                    rows[n].append(_time_round(contenders[n], calls[n], device))
-                elapsed, last = clock.now() - started, clock.now() - round_start
-                if budget_s is not None and i + 1 >= min_rounds and i + 1 < rounds and elapsed + last > budget_s:
-                    stopped = True
-                    break
+        # A long measurement says how far it got (a cell silent for seconds gets a status line: heartbeat.py).
+        with heartbeat.working_on(f"timing {' vs '.join(names)}", total=rounds, unit="round") as activity:
+            calls = {n: _calibrated_calls(contenders[n], warmup, min_round_s, device) for n in names}  # warm-up too
+            rows: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
+            stopped = False
+            with OtherPrograms() as load:  # what the rest of the machine did meanwhile
+                for i in range(rounds):
+                    order = names if i % 2 == 0 else names[::-1]
+                    round_start = clock.now()
+                    for n in order:
+                        rows[n].append(_time_round(contenders[n], calls[n], device))
+                    activity.advance()
+                    elapsed, last = clock.now() - started, clock.now() - round_start
+                    if budget_s is not None and i + 1 >= min_rounds and i + 1 < rounds and elapsed + last > budget_s:
+                        stopped = True
+                        break
     finally:
         torch.set_num_threads(previous_threads)
     measurements = {n: _measurement(n, rows[n], calls[n], works[n], unit) for n in names}
