@@ -18,7 +18,7 @@ from course_lib.grading import notebook
 from course_lib.grading.api import CELL_ERRORS, CheckResult, checks_for
 from course_lib.grading.inprocess import observe_and_judge
 from course_lib.grading.worker import load_namespace
-from variant_tables import ex03, ex11, ex14, ex15, ex16, ex17, ex18, ex19, ex20, ex21
+from variant_tables import ex03, ex11, ex14, ex15, ex16, ex17, ex18, ex19, ex20, ex21, ex22
 
 REPO = Path(__file__).resolve().parents[1]
 # Exercise 01's rows train (and kill) small runs in subprocesses: slow on a shared machine.
@@ -1071,7 +1071,7 @@ RIGHT: list[tuple[str, str, str]] = [
 
 # The exercises whose tables live in tests/variant_tables/ (one module each), added to the tables above.
 TABLES = {"03": ex03, "11": ex11, "14": ex14, "15": ex15, "16": ex16, "17": ex17, "18": ex18, "19": ex19,
-          "20": ex20, "21": ex21}
+          "20": ex20, "21": ex21, "22": ex22}
 ALL_WRONG = WRONG + [(n, *row) for n, table in TABLES.items() for row in table.WRONG]
 ALL_RIGHT = RIGHT + [(n, *row) for n, table in TABLES.items() for row in table.RIGHT]
 

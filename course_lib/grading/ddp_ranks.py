@@ -20,7 +20,8 @@ A job may instead name a trusted **driver** (``run_ranks(..., driver="module:fun
 never a name the learner's code chooses): each rank then imports it and calls ``driver(load_cell, rank, world_size,
 cfg)``, where ``load_cell()`` executes the cell and returns its namespace. The driver joins the process group
 itself, instruments what it likes before the cell runs, calls the learner's functions on models and data it builds
-from ``cfg`` and returns a plain-data record (exercise 21: :mod:`course_lib.grading.parallel_driver`).
+from ``cfg`` and returns a plain-data record (exercise 21: :mod:`course_lib.grading.parallel_driver`; exercise 22:
+:mod:`course_lib.grading.beyond_dp_driver`).
 
 Only loopback networking is needed (gloo over 127.0.0.1), so this also runs inside the grading sandbox, which has
 no network. A rank that fails makes the others wait in a collective forever: the launcher stops every rank a few
@@ -54,7 +55,8 @@ from course_lib import distributed as dist
 CHECKPOINT = "model.pt"
 # The drivers a job may name ("module:function"): trusted code of the course, imported inside each rank. A job that
 # names anything else is refused there, so the name in job.json can never import what a learner chose.
-DRIVERS = frozenset({"course_lib.grading.parallel_driver:rank_driver"})
+DRIVERS = frozenset({"course_lib.grading.parallel_driver:rank_driver",  # exercise 21
+                     "course_lib.grading.beyond_dp_driver:rank_driver"})  # exercise 22
 CELL_NAME = "<exercise cell>"
 GRACE_S = 5.0  # after one rank failed, how long the others may still finish on their own
 

@@ -68,6 +68,10 @@ REFERENCES: dict[str, tuple[str, ...]] = {
            "course_lib.parallel.tensor_parallel.RowParallelLinear",
            "course_lib.parallel.tensor_parallel._CopyToParallel",
            "course_lib.parallel.tensor_parallel._ReduceFromParallel"),
+    "22": ("course_lib.parallel.zero.ShardedOptimizer", "course_lib.parallel.zero.zero_bytes_per_rank",
+           "course_lib.parallel.comm.ring_bytes_sent", "course_lib.parallel.comm.ring_allreduce_bytes",
+           "course_lib.parallel.comm.predicted_allreduce_seconds", "course_lib.parallel.comm.comm_bound_world",
+           "course_lib.parallel.comm.bandwidth_for_compute"),
 }
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -222,6 +223,36 @@ def ring_allreduce_bytes(nbytes: float, world: int) -> float:
     return 2 * (world - 1) / world * nbytes
 
 
+# Bytes each rank sends in a ring, per byte it passed in (what count_collectives records as nbytes): a reduce-scatter
+# passes in the whole vector and sends world - 1 of its world chunks; an all-gather passes in one chunk and sends it on
+# world - 1 times; an all-reduce is the two one after the other.
+RING_SENDS_PER_BYTE: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda world: 2 * (world - 1) / world,
+    "reduce_scatter_tensor": lambda world: (world - 1) / world,
+    "reduce_scatter": lambda world: (world - 1) / world,
+    "all_gather_into_tensor": lambda world: world - 1,
+    "all_gather": lambda world: world - 1,
+}
+
+
+def ring_bytes_sent(op: str, nbytes: float, world: int) -> float:
+    """Bytes each rank sends in a ring for one collective ``op`` of which it passed in ``nbytes`` (a
+    :class:`CommRecord`'s ``nbytes``): ``all_reduce`` ``2 (world - 1) / world * nbytes``, a reduce-scatter
+    ``(world - 1) / world * nbytes``, an all-gather ``(world - 1) * nbytes``.
+
+    So ZeRO-1 with a reduce-scatter of the gradients and an all-gather of the parameters sends what one all-reduce
+    sends (data parallelism's bytes); an all-reduce followed by an all-gather sends 1.5x that (exercise 22).
+
+    Taught in lesson 13 (``notebooks/13_parallel.ipynb``).
+    """
+    if op not in RING_SENDS_PER_BYTE:
+        raise ValueError(f"op={op!r} is not a ring collective this model prices; use one of "
+                         f"{sorted(RING_SENDS_PER_BYTE)}.")
+    if world < 1:
+        raise ValueError(f"world={world!r} must be at least 1 (the number of ranks).")
+    return RING_SENDS_PER_BYTE[op](world) * nbytes
+
+
 def predicted_allreduce_seconds(nbytes: float, world: int, bandwidth: float, latency: float) -> float:
     """The alpha-beta model: ``2 (world - 1) * latency + ring_allreduce_bytes(nbytes, world) / bandwidth``.
 
@@ -301,3 +332,36 @@ def fit_bandwidth_latency(rows: Sequence[tuple[float, float]], world: int) -> tu
     if not slope > 0:
         raise ValueError("the times do not grow with the message size; measure larger messages (MiB, not bytes).")
     return 1 / slope, intercept / (2 * (world - 1))
+
+
+# --- when data parallelism becomes communication-bound ------------------------------------------------------------
+
+
+def comm_bound_world(compute_s: float, grad_bytes: float, latency: float, bandwidth: float,
+                     max_world: int = 4096) -> int | None:
+    """The smallest number of ranks (2 .. ``max_world``) at which one all-reduce of ``grad_bytes`` takes at least
+    ``compute_s``, the step's compute per rank (fixed batch per rank: the compute stays, the message grows with the
+    ranks); ``None`` when no such world exists. Past it, a step that cannot hide its all-reduce is
+    communication-bound.
+
+    Taught in lesson 13 (``notebooks/13_parallel.ipynb``).
+    """
+    if not compute_s > 0:
+        raise ValueError(f"compute_s={compute_s!r} must be positive (seconds of compute per step).")
+    for world in range(2, max_world + 1):
+        if predicted_allreduce_seconds(grad_bytes, world, bandwidth, latency) >= compute_s:
+            return world
+    return None
+
+
+def bandwidth_for_compute(compute_s: float, grad_bytes: float, world: int, latency: float) -> float:
+    """The link bandwidth (bytes per second) at which one all-reduce of ``grad_bytes`` over ``world`` ranks takes
+    exactly ``compute_s``: a slower link makes the step communication-bound. ``math.inf`` when the latency term
+    alone, ``2 (world - 1) * latency``, already takes ``compute_s``.
+
+    Taught in lesson 13 (``notebooks/13_parallel.ipynb``).
+    """
+    if not compute_s > 0 or world < 2:
+        raise ValueError(f"need compute_s > 0 and world >= 2, got compute_s={compute_s!r}, world={world!r}.")
+    left = compute_s - 2 * (world - 1) * latency
+    return math.inf if left <= 0 else ring_allreduce_bytes(grad_bytes, world) / left

@@ -46,6 +46,31 @@ def shard_bounds(numel: int, world: int) -> list[tuple[int, int]]:
     return [(min(r * size, numel), min((r + 1) * size, numel)) for r in range(world)]
 
 
+# Bytes per parameter of AdamW training (weights, gradients, optimizer state), as the ZeRO paper (Rajbhandari et al.,
+# 2020) counts them. fp32: 4 + 4 + 8 (the two moments). Mixed precision: bf16/fp16 weights and gradients, 2 + 2, and
+# K = 12 bytes of fp32 state (a master copy of the weights and the two moments).
+ZERO_BYTES_PER_PARAM = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
+
+
+def zero_bytes_per_rank(numel: int, world: int, stage: int, precision: str = "mixed") -> int:
+    """Bytes one rank keeps for ``numel`` parameters under ZeRO ``stage`` (0: plain data parallelism; 1: optimizer
+    state sharded; 2: and gradients; 3: and parameters), activations aside. A sharded category keeps the largest
+    shard, ``ceil(numel / world)`` elements (:func:`shard_bounds`).
+
+    Stage 1 divides only the state: at most 16 / 8 = 2x less with the fp32 accounting, 16 / 4 = 4x with the
+    mixed-precision one (the state is 12 of its 16 bytes): the saving the paper quotes is the mixed-precision one.
+
+    Taught in lesson 13 (``notebooks/13_parallel.ipynb``).
+    """
+    if precision not in ZERO_BYTES_PER_PARAM or stage not in (0, 1, 2, 3) or world < 1 or numel < 0:
+        raise ValueError(f"need precision in {sorted(ZERO_BYTES_PER_PARAM)}, stage 0-3, world >= 1 and numel >= 0; "
+                         f"got precision={precision!r}, stage={stage!r}, world={world!r}, numel={numel!r}.")
+    weights, grads, state = ZERO_BYTES_PER_PARAM[precision]
+    shard = -(-numel // world)  # ceil in integers: exact for any numel
+    return (weights * (shard if stage >= 3 else numel) + grads * (shard if stage >= 2 else numel)
+            + state * (shard if stage >= 1 else numel))
+
+
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
 

@@ -1,0 +1,376 @@
+"""Checks for exercise 22: beyond plain data parallelism -- ZeRO-1 with a reduce-scatter, its bytes, ZeRO's memory
+per rank, and when data parallelism becomes communication-bound.
+
+``ReduceScatterAdamW`` runs on two real processes (:mod:`course_lib.grading.beyond_dp_driver`: parameters and each
+rank's own gradients from the run's seed, every collective recorded); the judges recompute one AdamW stepped with the
+averaged gradients here. The other functions are pure: each is called on inputs drawn from the run's seed and
+compared with the course's own models (:func:`course_lib.parallel.comm.ring_bytes_sent`,
+:func:`course_lib.parallel.zero.zero_bytes_per_rank`, :func:`course_lib.parallel.comm.predicted_allreduce_seconds`,
+:func:`course_lib.parallel.comm.comm_bound_world`, :func:`course_lib.parallel.comm.bandwidth_for_compute`).
+The crossover cases sit well inside a step of the world size, never on its boundary.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import random
+from typing import Any
+
+import torch
+
+from course_lib.grading import beyond_dp_driver as driver
+from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
+from course_lib.grading.ddp_ranks import failed_run_is_a_failed_check
+from course_lib.parallel.comm import (
+    bandwidth_for_compute,
+    comm_bound_world,
+    predicted_allreduce_seconds,
+    ring_allreduce_bytes,
+    ring_bytes_sent,
+)
+from course_lib.parallel.zero import shard_bounds, zero_bytes_per_rank
+
+ZERO_TOLERANCE = 1e-6  # AdamW is element-wise: a shard steps exactly as the whole does, up to rounding
+RELATIVE = 1e-9  # the models are closed formulas: only float rounding may differ
+GATHERS = ("all_gather_into_tensor", "all_gather")
+SCATTERS = ("reduce_scatter_tensor", "reduce_scatter")
+
+
+# ------------------------------------------------------------------------------ 22.1-22.2: ZeRO-1, reduce-scatter
+
+
+def _section(ns: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    need(ns, "ReduceScatterAdamW", "define `class ReduceScatterAdamW` with `__init__(self, params, lr, weight_decay)` "
+                                   "and `step(self)` in the exercise cell")
+    with failed_run_is_a_failed_check("both ranks must reach the same collectives in the same order; run the demo "
+                                      "cell to see what each rank did"):
+        run = driver.run_exercise(ns, cfg)
+    records = []
+    for record in run["ranks"]:
+        error = record.get("error") or record.get("zero", {}).get("error")
+        if error is not None:
+            if error["type"] == "NotImplementedError" and error["message"].startswith("Exercise"):
+                raise NotImplementedError(error["message"])
+            raise CheckFailed(f"rank {record['rank']} raised {error['type']}: {error['message']}",
+                              hint="the exercise cell runs on its own in each process: it must import everything "
+                                   "it uses, and both ranks must issue the same collectives",
+                              got=error["where"].strip().splitlines()[-3:])
+        records.append(record["zero"])
+    return records
+
+
+def _ranks(ns: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    cfg = driver.exercise_config(run_seed(ns))
+    return cfg, observe(ns, _section, cfg)
+
+
+def _averaged_adamw(cfg: dict[str, Any]) -> torch.Tensor:
+    """The reference: one AdamW over every parameter, stepped with the gradients averaged over the ranks."""
+    params = driver.zero_params(cfg)
+    optimizer = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    for step in range(cfg["steps"]):
+        per_rank = [driver.local_grads(cfg, step, rank) for rank in range(driver.WORLD)]
+        for i, p in enumerate(params):
+            p.grad = sum(grads[i] for grads in per_rank) / driver.WORLD
+        optimizer.step()
+    return driver.flat(params)
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor) -> str:
+    return f"largest difference {(a - b).abs().max().item():.3g}" if a.shape == b.shape else \
+        f"{a.numel()} values instead of {b.numel()}"
+
+
+@check_for("22", "ReduceScatterAdamW matches AdamW on the averaged gradients", points=2, parts=("22.1", "22.2"))
+def zero_matches_averaged(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns)
+    want = _averaged_adamw(cfg)
+    for rank, record in enumerate(ranks):
+        got = record["params"]
+        if got.shape == want.shape and torch.allclose(got, want, rtol=0, atol=ZERO_TOLERANCE):
+            continue
+        raise CheckFailed(
+            f"rank {rank}'s parameters after {cfg['steps']} steps differ from one AdamW over all {want.numel()} of "
+            "them stepped with the gradients averaged over the ranks",
+            hint="each rank's .grad is its own (not averaged): reduce-scatter (SUM) the padded flat gradient, divide "
+                 "your shard by the world size, step, then all-gather the updated shards into every parameter",
+            expected=f"within {ZERO_TOLERANCE:g} of AdamW on the averaged gradients", got=_gap(got, want))
+
+
+@check_for("22", "optimizer state: each rank keeps its shard's moments only", points=1, parts=("22.1", "22.2"))
+def zero_state(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns)
+    numel = driver.flat(driver.zero_params(cfg)).numel()
+    for rank, ((start, end), record) in enumerate(zip(shard_bounds(numel, driver.WORLD), ranks)):
+        want = 2 * 4 * (end - start)  # AdamW's exp_avg and exp_avg_sq, float32, per element of the shard
+        if record["state_bytes"] != want:
+            raise CheckFailed(
+                f"rank {rank}'s `optimizer` keeps moments for {record['state_bytes'] // 8} elements; its shard "
+                f"[{start}, {end}) of the {numel} has {end - start}",
+                hint="self.optimizer = torch.optim.AdamW([shard], ...) over this rank's slice only (not the padding)",
+                expected=f"{want} bytes", got=f"{record['state_bytes']} bytes")
+
+
+@check_for("22", "traffic: one reduce-scatter and one all-gather per step, data parallelism's bytes", points=1,
+           parts=("22.1", "22.2"))
+def zero_traffic(ns: dict[str, Any]) -> None:
+    cfg, ranks = _ranks(ns)
+    numel = driver.flat(driver.zero_params(cfg)).numel()
+    padded = 4 * math.ceil(numel / driver.WORLD) * driver.WORLD  # float32, every shard padded to the first's size
+    want = ring_allreduce_bytes(padded, driver.WORLD)  # what plain data parallelism's all-reduce sends
+    for rank, record in enumerate(ranks):
+        for step, events in enumerate(record["steps"]):
+            ops = [op for op, _ in events]
+            sent = sum(ring_bytes_sent(op, n, driver.WORLD) if op in SCATTERS + GATHERS + ("all_reduce",) else n
+                       for op, n in events)
+            shape_ok = len(ops) == 2 and ops[0] in SCATTERS and ops[1] in GATHERS
+            if shape_ok and math.isclose(sent, want, rel_tol=RELATIVE):
+                continue
+            ratio = f" ({sent / want:.2f}x data parallelism's)" if want else ""
+            raise CheckFailed(
+                f"rank {rank}, step {step}: the step sent {one_line(events)} ([op, bytes passed in]): "
+                f"{sent:g} ring bytes{ratio}",
+                hint="one reduce-scatter of the padded flat gradient (each rank receives the sum of its shard only), "
+                     "then one all-gather of the updated shards; an all-reduce of the gradients followed by an "
+                     "all-gather sends 1.5x what data parallelism sends",
+                expected=f"[reduce-scatter of {padded} bytes, all-gather of {padded // driver.WORLD}]: {want:g} ring "
+                         "bytes, as one all-reduce", got=ops)
+
+
+# ------------------------------------------------------------------------------ 22.3: bytes on the ring
+
+
+def _ring_cases(seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed * 7919 + 22)
+    ops = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
+    cases = []
+    for world in rng.sample(range(2, 65), 6):
+        records = [[rng.choice(ops), 4 * rng.randint(1, 10**6)] for _ in range(rng.randint(2, 5))]
+        records.append([ops[len(cases) % 3], 4 * rng.randint(1, 10**6)])  # every op, in every run
+        cases.append({"records": records, "world": world})
+    return cases
+
+
+def _ring_answers(ns: dict[str, Any], cases: list[dict[str, Any]]) -> list[list[Any]]:
+    fn = need(ns, "ring_bytes", "define `ring_bytes(records, world)` in the exercise cell")
+    return [[c, _number(call(fn, [tuple(r) for r in c["records"]], c["world"]))] for c in cases]
+
+
+def _number(value: Any) -> Any:
+    if value is None or isinstance(value, bool):
+        return one_line(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return one_line(value)
+
+
+def _answers(ns: Any, fn: Any, cases: list[dict[str, Any]]) -> list[list[Any]]:
+    """Observe ``fn``'s answers and make sure they are for this run's cases."""
+    seen = observe(ns, fn, cases)
+    if not isinstance(seen, list) or [row[0] if isinstance(row, list) and row else None for row in seen] != cases:
+        raise CheckFailed("the recorded answers are not for this run's inputs (one answer per call)")
+    return seen
+
+
+def _close(got: Any, want: float) -> bool:
+    if isinstance(want, float) and math.isinf(want):
+        return isinstance(got, float) and math.isinf(got) and got > 0
+    return isinstance(got, float) and math.isclose(got, want, rel_tol=RELATIVE)
+
+
+@check_for("22", "ring bytes: what each rank sends per collective", points=1, parts=("22.3",))
+def ring_bytes(ns: Any) -> None:
+    for case, got in _answers(ns, _ring_answers, _ring_cases(run_seed(ns))):
+        want = sum(ring_bytes_sent(op, n, case["world"]) for op, n in case["records"])
+        if not _close(got, want):
+            raise CheckFailed(
+                f"ring_bytes({case['records']}, world={case['world']}) is not what each rank sends",
+                hint="bytes passed in, as count_collectives records them: an all-reduce sends 2 (world-1)/world of "
+                     "them, a reduce-scatter (its input is the whole vector) (world-1)/world, an all-gather (its "
+                     "input is one shard) world-1 times its input",
+                expected=want, got=got)
+
+
+# ------------------------------------------------------------------------------ 22.4: ZeRO's memory per rank
+
+
+def _memory_cases(seed: int, stages: tuple[int, ...]) -> list[dict[str, Any]]:
+    rng = random.Random(seed * 6151 + 224 + 31 * stages[-1])
+    cases = []
+    for stage in stages:
+        for mixed in (False, True):
+            for _ in range(3):
+                world = rng.choice([3, 5, 6, 7, 12, 24, 48, 96])
+                numel = rng.randint(10**5, 10**9) * world + rng.randint(1, world - 1)  # never divisible
+                cases.append({"numel": numel, "world": world, "stage": stage, "mixed_precision": mixed})
+    rng.shuffle(cases)
+    return cases
+
+
+def _memory_answers(ns: dict[str, Any], cases: list[dict[str, Any]]) -> list[list[Any]]:
+    fn = need(ns, "zero_bytes", "define `zero_bytes(numel, world, stage, mixed_precision)` in the exercise cell")
+    return [[c, _number(call(fn, c["numel"], c["world"], c["stage"], c["mixed_precision"]))] for c in cases]
+
+
+def _judge_memory(ns: Any, stages: tuple[int, ...], hint: str) -> None:
+    for case, got in _answers(ns, _memory_answers, _memory_cases(run_seed(ns), stages)):
+        want = zero_bytes_per_rank(case["numel"], case["world"], case["stage"],
+                                   "mixed" if case["mixed_precision"] else "fp32")
+        if got != want:
+            raise CheckFailed(
+                f"zero_bytes({case['numel']}, world={case['world']}, stage={case['stage']}, "
+                f"mixed_precision={case['mixed_precision']}) is not what one rank keeps", hint=hint,
+                expected=f"{want} bytes", got=got)
+
+
+@check_for("22", "ZeRO memory, stages 0 and 1: 4+4+8 (fp32) and 2+2+12 (mixed) bytes a parameter", points=1,
+           parts=("22.4",))
+def memory_stage_1(ns: Any) -> None:
+    _judge_memory(ns, (0, 1), "fp32: 4 weight + 4 gradient + 8 AdamW state; mixed precision: 2 + 2 + 12 (fp32 "
+                              "master weights and both moments); stage 1 keeps the state of ceil(numel / world) "
+                              "parameters only, the rest whole")
+
+
+@check_for("22", "ZeRO memory, stage 2: the gradients sharded too", points=1, parts=("22.4",))
+def memory_stage_2(ns: Any) -> None:
+    _judge_memory(ns, (2,), "stage 2 shards the gradients as well as the state (ceil(numel / world) elements of "
+                            "each); the weights stay whole")
+
+
+@check_for("22", "ZeRO memory, stage 3: everything sharded", points=1, parts=("22.4",))
+def memory_stage_3(ns: Any) -> None:
+    _judge_memory(ns, (3,), "stage 3 shards weights, gradients and state: ceil(numel / world) elements of each")
+
+
+# ------------------------------------------------------------------------------ 22.5-22.7: communication-bound?
+
+
+def _link(rng: random.Random) -> tuple[float, float, float]:
+    """A link and a model: latency alpha (s), beta (s per byte), gradient bytes."""
+    return rng.uniform(5e-6, 2e-4), 1 / rng.uniform(1e8, 5e10), 4.0 * rng.randint(10**5, 10**9)
+
+
+def _seconds_cases(seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed * 5281 + 225)
+    cases = []
+    for _ in range(8):
+        alpha, beta, nbytes = _link(rng)
+        cases.append({"nbytes": nbytes, "world": rng.randint(2, 512), "alpha": alpha, "beta": beta})
+    return cases
+
+
+def _seconds_answers(ns: dict[str, Any], cases: list[dict[str, Any]]) -> list[list[Any]]:
+    fn = need(ns, "allreduce_seconds", "define `allreduce_seconds(nbytes, world, alpha, beta)`")
+    return [[c, _number(call(fn, c["nbytes"], c["world"], c["alpha"], c["beta"]))] for c in cases]
+
+
+def _model_seconds(nbytes: float, world: int, alpha: float, beta: float) -> float:
+    return predicted_allreduce_seconds(nbytes, world, 1 / beta, alpha)
+
+
+@check_for("22", "ring all-reduce time: 2(n-1) alpha + 2(n-1)/n bytes beta", points=1, parts=("22.5",))
+def allreduce_seconds(ns: Any) -> None:
+    for case, got in _answers(ns, _seconds_answers, _seconds_cases(run_seed(ns))):
+        want = _model_seconds(case["nbytes"], case["world"], case["alpha"], case["beta"])
+        if not _close(got, want):
+            raise CheckFailed(
+                f"allreduce_seconds({case['nbytes']:g}, world={case['world']}, alpha={case['alpha']:.3g}, "
+                f"beta={case['beta']:.3g}) is not the ring's alpha-beta time",
+                hint="2 (world-1) messages each way round the ring cost alpha each; each rank sends 2 (world-1)/world "
+                     "of the bytes, at beta seconds per byte (beta is a time per byte, not a bandwidth)",
+                expected=f"{want:.6g} s", got=got)
+
+
+MAX_WORLD = 1024
+
+
+def _crossover_cases(seed: int) -> list[dict[str, Any]]:
+    """Compute times strictly between the all-reduce times at two neighbouring world sizes (answer ``k``), below the
+    2-rank time (answer 2) and above the ``MAX_WORLD``-rank time (answer ``None``)."""
+    rng = random.Random(seed * 4447 + 226)
+    cases = []
+    for kind in ("inside",) * 5 + ("two", "never"):
+        alpha, beta, nbytes = _link(rng)
+
+        def t(world: int, nbytes: float = nbytes, alpha: float = alpha, beta: float = beta) -> float:
+            return _model_seconds(nbytes, world, alpha, beta)
+
+        if kind == "inside":
+            k = rng.randint(3, 400)
+            compute = t(k - 1) + rng.uniform(0.1, 0.9) * (t(k) - t(k - 1))
+        elif kind == "two":
+            compute = t(2) * rng.uniform(0.2, 0.9)
+        else:
+            compute = t(MAX_WORLD) * rng.uniform(1.1, 3.0)
+        cases.append({"compute_s": compute, "grad_bytes": nbytes, "alpha": alpha, "beta": beta,
+                      "max_world": MAX_WORLD})
+    rng.shuffle(cases)
+    return cases
+
+
+def _crossover_answers(ns: dict[str, Any], cases: list[dict[str, Any]]) -> list[list[Any]]:
+    fn = need(ns, "comm_bound_ranks", "define `comm_bound_ranks(compute_s, grad_bytes, alpha, beta, max_world)`")
+    return [[c, _world(call(fn, c["compute_s"], c["grad_bytes"], c["alpha"], c["beta"], c["max_world"]))]
+            for c in cases]
+
+
+def _world(value: Any) -> Any:
+    """A world size as an int (Python, numpy or torch integers), ``None`` as is, anything else as its text."""
+    if value is None:
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return one_line(value)
+
+
+@check_for("22", "crossover in ranks: the first world whose all-reduce outlasts the compute", points=1,
+           parts=("22.5", "22.6"))
+def crossover_ranks(ns: Any) -> None:
+    for case, got in _answers(ns, _crossover_answers, _crossover_cases(run_seed(ns))):
+        want = comm_bound_world(case["compute_s"], case["grad_bytes"], case["alpha"], 1 / case["beta"],
+                                case["max_world"])
+        if got != want or isinstance(got, bool):
+            raise CheckFailed(
+                f"comm_bound_ranks(compute_s={case['compute_s']:.4g}, grad_bytes={case['grad_bytes']:g}, "
+                f"alpha={case['alpha']:.3g}, beta={case['beta']:.3g}, max_world={case['max_world']}) is not the "
+                "first world size whose all-reduce takes at least the compute time",
+                hint="try world = 2, 3, ..., max_world and return the first whose allreduce_seconds >= compute_s; "
+                     "None when even max_world ranks stay below it",
+                expected=want, got=got)
+
+
+def _bandwidth_cases(seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed * 3571 + 227)
+    cases = []
+    for latency_bound in (False,) * 5 + (True, True):
+        alpha, _, nbytes = _link(rng)
+        world = rng.randint(2, 512)
+        floor = 2 * (world - 1) * alpha  # the latency term: no bandwidth makes the all-reduce faster than this
+        compute = floor * (rng.uniform(0.3, 0.95) if latency_bound else rng.uniform(1.5, 50.0))
+        cases.append({"compute_s": compute, "grad_bytes": nbytes, "world": world, "alpha": alpha})
+    rng.shuffle(cases)
+    return cases
+
+
+def _bandwidth_answers(ns: dict[str, Any], cases: list[dict[str, Any]]) -> list[list[Any]]:
+    fn = need(ns, "bandwidth_needed", "define `bandwidth_needed(compute_s, grad_bytes, world, alpha)`")
+    return [[c, _number(call(fn, c["compute_s"], c["grad_bytes"], c["world"], c["alpha"]))] for c in cases]
+
+
+@check_for("22", "crossover in bandwidth: the link at which the all-reduce takes the compute time", points=1,
+           parts=("22.7",))
+def crossover_bandwidth(ns: Any) -> None:
+    for case, got in _answers(ns, _bandwidth_answers, _bandwidth_cases(run_seed(ns))):
+        want = bandwidth_for_compute(case["compute_s"], case["grad_bytes"], case["world"], case["alpha"])
+        if not _close(got, want):
+            raise CheckFailed(
+                f"bandwidth_needed(compute_s={case['compute_s']:.4g}, grad_bytes={case['grad_bytes']:g}, "
+                f"world={case['world']}, alpha={case['alpha']:.3g}) is not the bandwidth at which the all-reduce "
+                "takes exactly compute_s",
+                hint="solve 2 (world-1) alpha + 2 (world-1)/world grad_bytes / bandwidth = compute_s for bandwidth "
+                     "(bytes per second); when the latency term alone reaches compute_s no bandwidth is enough: "
+                     "math.inf",
+                expected=f"{want:.6g} bytes/s", got=got)

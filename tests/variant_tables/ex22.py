@@ -1,0 +1,218 @@
+"""Exercise 22 (ZeRO-1 with a reduce-scatter on two real processes, ring bytes, ZeRO's memory, the communication-bound
+crossover): realistic mistakes fail their check, correct variants pass.
+
+Each row is appended to the solution's exercise cell, as a learner would edit it: the ZeRO checks run the *cell* on
+two processes under the course's driver, so the row's redefinition is what every rank executes. Judged through the
+grader's observe -> save -> load -> replay path. A row that changes the cell costs one two-process run.
+"""
+
+from __future__ import annotations
+
+from course_lib.grading.api import CheckResult
+from variant_tables import judge_cell_edit
+
+
+def judge(number: str, code: str, only: str = "") -> dict[str, CheckResult]:
+    """The solution's set-up cell, then its exercise cell with ``code`` appended, judged as the grader does."""
+    return judge_cell_edit(number, "22_beyond_dp.ipynb", code, only)
+
+
+def _zero(reduce: str, *, divide: str = " / self.world") -> str:
+    """The solution's ReduceScatterAdamW with the gradient reduction replaced (``reduce``: lines that set ``mine``,
+    this rank's shard of the summed gradient) and the division after it."""
+    body = "\n".join("        " + line for line in reduce.strip("\n").splitlines())
+    return f"""
+class ReduceScatterAdamW:
+    def __init__(self, params, lr, weight_decay):
+        self.params = list(params)
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(p.numel() for p in self.params)
+        self.size = math.ceil(self.numel / self.world)
+        self.start = min(self.rank * self.size, self.numel)
+        self.end = min(self.start + self.size, self.numel)
+        with torch.no_grad():
+            flat = torch.cat([p.reshape(-1) for p in self.params])
+            self.shard = torch.nn.Parameter(flat[self.start:self.end].clone())
+        self.optimizer = torch.optim.AdamW([self.shard], lr=lr, weight_decay=weight_decay)
+
+    @torch.no_grad()
+    def step(self):
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.zeros(self.size * self.world)
+        flat[: self.numel] = torch.cat([g.reshape(-1) for g in grads])
+{body}
+        self.shard.grad = mine[: self.end - self.start]{divide}
+        self.optimizer.step()
+        send = torch.zeros(self.size)
+        send[: self.end - self.start] = self.shard
+        gathered = torch.empty(self.size * self.world)
+        dist.all_gather_into_tensor(gathered, send)
+        offset = 0
+        for p in self.params:
+            p.copy_(gathered[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+"""
+
+
+# Exercise 21's ZeRO-1: the whole gradient all-reduced, then this rank's slice taken.
+ALL_REDUCE = """
+dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+mine = flat[self.rank * self.size:(self.rank + 1) * self.size]
+"""
+# No sharding at all: every rank steps one AdamW over every parameter with the all-reduced gradient.
+UNSHARDED = """
+class ReduceScatterAdamW:
+    def __init__(self, params, lr, weight_decay):
+        self.params = list(params)
+        self.world = dist.get_world_size()
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= self.world
+        self.optimizer.step()
+"""
+
+# (what the mistake is, the code appended to the cell, a word from the name of the check that must fail)
+WRONG: list[tuple[str, str, str]] = [
+    ("exercise 21's ZeRO-1: gradients all-reduced, then the shards all-gathered (1.5x the bytes)",
+     _zero(ALL_REDUCE), "traffic"),
+    ("no reduction: each rank steps its shard with its own gradient",
+     _zero("mine = flat[self.rank * self.size:(self.rank + 1) * self.size]", divide=""), "averaged"),
+    ("no sharding: every rank steps AdamW over everything after an all-reduce", UNSHARDED, "moments"),
+    ("an all-gather priced like a reduce-scatter ((world-1)/world of its input)", """
+def ring_bytes(records, world):
+    share = {"all_reduce": 2 * (world - 1) / world, "reduce_scatter_tensor": (world - 1) / world,
+             "all_gather_into_tensor": (world - 1) / world}
+    return sum(share[op] * nbytes for op, nbytes in records)
+""", "ring bytes"),
+    ("an all-reduce priced at 2x its bytes, whatever the world size", """
+def ring_bytes(records, world):
+    share = {"all_reduce": 2, "reduce_scatter_tensor": (world - 1) / world, "all_gather_into_tensor": world - 1}
+    return sum(share[op] * nbytes for op, nbytes in records)
+""", "ring bytes"),
+    ("mixed precision's state counted as 8 bytes (the fp32 master weights forgotten)", """
+def zero_bytes(numel, world, stage, mixed_precision):
+    weights, grads, state = (2, 2, 8) if mixed_precision else (4, 4, 8)
+    shard = -(-numel // world)
+    return (weights * (shard if stage >= 3 else numel) + grads * (shard if stage >= 2 else numel)
+            + state * (shard if stage >= 1 else numel))
+""", "stages 0 and 1"),
+    ("shards of numel / world, a fraction of a parameter", """
+def zero_bytes(numel, world, stage, mixed_precision):
+    weights, grads, state = (2, 2, 12) if mixed_precision else (4, 4, 8)
+    shard = numel / world
+    return (weights * (shard if stage >= 3 else numel) + grads * (shard if stage >= 2 else numel)
+            + state * (shard if stage >= 1 else numel))
+""", "stages 0 and 1"),
+    ("stage 2 answered as stage 1 (the gradients kept whole)", """
+def zero_bytes(numel, world, stage, mixed_precision):
+    weights, grads, state = (2, 2, 12) if mixed_precision else (4, 4, 8)
+    shard = -(-numel // world)
+    return (weights * (shard if stage >= 3 else numel) + grads * (shard if stage >= 3 else numel)
+            + state * (shard if stage >= 1 else numel))
+""", "stage 2"),
+    ("stage 3 leaves the weights whole", """
+def zero_bytes(numel, world, stage, mixed_precision):
+    weights, grads, state = (2, 2, 12) if mixed_precision else (4, 4, 8)
+    shard = -(-numel // world)
+    return weights * numel + grads * (shard if stage >= 2 else numel) + state * (shard if stage >= 1 else numel)
+""", "stage 3"),
+    ("beta taken for a bandwidth (bytes divided by it)", """
+def allreduce_seconds(nbytes, world, alpha, beta):
+    return 2 * (world - 1) * alpha + 2 * (world - 1) / world * nbytes / beta
+""", "ring all-reduce time"),
+    ("the latency paid once, not once per ring step", """
+def allreduce_seconds(nbytes, world, alpha, beta):
+    return alpha + 2 * (world - 1) / world * nbytes * beta
+""", "ring all-reduce time"),
+    ("the last world size that is still compute-bound", """
+def comm_bound_ranks(compute_s, grad_bytes, alpha, beta, max_world):
+    for world in range(2, max_world + 1):
+        if allreduce_seconds(grad_bytes, world, alpha, beta) >= compute_s:
+            return max(2, world - 1)
+    return None
+""", "crossover in ranks"),
+    ("max_world returned when no world size is communication-bound", """
+def comm_bound_ranks(compute_s, grad_bytes, alpha, beta, max_world):
+    for world in range(2, max_world + 1):
+        if allreduce_seconds(grad_bytes, world, alpha, beta) >= compute_s:
+            return world
+    return max_world
+""", "crossover in ranks"),
+    ("the latency left out of the bandwidth needed", """
+def bandwidth_needed(compute_s, grad_bytes, world, alpha):
+    return 2 * (world - 1) / world * grad_bytes / compute_s
+""", "crossover in bandwidth"),
+    ("a negative bandwidth when latency alone takes the compute time", """
+def bandwidth_needed(compute_s, grad_bytes, world, alpha):
+    return 2 * (world - 1) / world * grad_bytes / (compute_s - 2 * (world - 1) * alpha)
+""", "crossover in bandwidth"),
+]
+
+# (what differs, the code appended to the cell)
+RIGHT: list[tuple[str, str]] = [
+    ("the list forms: dist.reduce_scatter and dist.all_gather, and pure functions written another way", """
+class ReduceScatterAdamW:
+    def __init__(self, params, lr, weight_decay):
+        self.params = list(params)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        n = sum(p.numel() for p in self.params)
+        self.size, self.world = -(-n // world), world
+        self.bounds = [(min(r * self.size, n), min((r + 1) * self.size, n)) for r in range(world)]
+        self.start, self.end = self.bounds[rank]
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.shard = flat[self.start:self.end].clone().requires_grad_()
+        self.optimizer = torch.optim.AdamW([self.shard], lr=lr, weight_decay=weight_decay)
+
+    def step(self):
+        with torch.no_grad():
+            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+            flat = torch.nn.functional.pad(flat, (0, self.size * self.world - flat.numel()))
+            chunks = list(flat.chunk(self.world))
+            mine = torch.empty(self.size)
+            dist.reduce_scatter(mine, chunks)
+            self.shard.grad = mine[: self.end - self.start].div(self.world)
+        self.optimizer.step()
+        with torch.no_grad():
+            pieces = [torch.empty(self.size) for _ in range(self.world)]
+            dist.all_gather(pieces, torch.nn.functional.pad(self.shard.detach(), (0, self.size - self.shard.numel())))
+            new = torch.cat(pieces)
+            start = 0
+            for p in self.params:
+                p.copy_(new[start:start + p.numel()].reshape(p.shape))
+                start += p.numel()
+
+
+def ring_bytes(records, world):
+    total = 0
+    for op, nbytes in records:
+        if op == "all_reduce":
+            total += nbytes * 2 * (world - 1) / world
+        elif op == "reduce_scatter_tensor":
+            total += nbytes * (world - 1) / world
+        else:
+            total += nbytes * (world - 1)
+    return total
+
+
+def zero_bytes(numel, world, stage, mixed_precision):
+    per_param = [2, 2, 12] if mixed_precision else [4, 4, 8]  # weights, gradients, state
+    sharded = {1: [2], 2: [1, 2], 3: [0, 1, 2]}.get(stage, [])
+    return sum(b * (math.ceil(numel / world) if i in sharded else numel) for i, b in enumerate(per_param))
+
+
+def comm_bound_ranks(compute_s, grad_bytes, alpha, beta, max_world):
+    import bisect  # the time only grows with the world size: a binary search finds the first one
+    worlds = range(2, max_world + 1)
+    i = bisect.bisect_left(worlds, True, key=lambda w: allreduce_seconds(grad_bytes, w, alpha, beta) >= compute_s)
+    return worlds[i] if i < len(worlds) else None
+
+
+def bandwidth_needed(compute_s, grad_bytes, world, alpha):
+    beta = (compute_s - 2 * (world - 1) * alpha) / (2 * (world - 1) / world * grad_bytes)  # s per byte
+    return 1 / beta if beta > 0 else float("inf")
+"""),
+]
