@@ -102,3 +102,58 @@ def test_work_is_counted_on_meta_from_shapes() -> None:
 def test_device_time_needs_measured_figures() -> None:
     with pytest.raises(ValueError, match="no measured matmul roof"):
         device_seconds(Work(1.0, 1.0), CPU)
+
+
+# ------------------------------------------------------------------ lessons 02 and 07: the GPU-only comparisons
+CUDA_GPUS = {name: facts for name, (facts, _) in GPUS.items()}
+
+
+@pytest.mark.parametrize("name", list(CUDA_GPUS))
+def test_lesson_02s_copy_meets_the_rule_at_the_measured_bandwidth(name: str) -> None:
+    facts = CUDA_GPUS[name]
+    batch = sizing.copy_batch(facts)
+    work = sizing.copy_work(batch)
+    assert batch % sizing.COPY_BATCH_STEP == 0
+    assert work.bytes == batch * 3 * 32 * 32 * 4  # float32 images of the lesson's size, from the shape
+    assert work.bytes / facts.bandwidth >= min_call_seconds(facts) and meets_rule(work, facts)
+    assert not meets_rule(sizing.copy_work(batch - sizing.COPY_BATCH_STEP), facts)  # the fewest that do
+    assert work.held <= sizing.MEMORY_SHARE * facts.memory_bytes
+    assert timed_calls(sizes_for(facts), facts)["02 host-to-device copy"] == work
+
+
+@pytest.mark.parametrize("name", list(CUDA_GPUS))
+def test_lesson_07s_graph_step_is_long_and_launch_bound(name: str) -> None:
+    facts = CUDA_GPUS[name]
+    (what, work), = sizing.launch_bound_calls(facts).items()
+    floor = min_call_seconds(facts)
+    assert work.launches * facts.launch_s >= floor, f"{name}: {what} launches too few kernels to time"
+    assert device_seconds(work, facts) < sizing.LAUNCH_BOUND_SHARE * work.launches * facts.launch_s, (
+        f"{name}: {what} is not launch-bound: its work at the roofs is no small part of its launches")
+    assert sizing.meets_launch_rule(work, facts) and work.held <= sizing.MEMORY_SHARE * facts.memory_bytes
+    layers = sizing.graph_step_size(facts)
+    assert work == sizing.graph_step_work(layers)
+    smaller = [n for n in sizing.GRAPH_LAYERS if n < layers]
+    assert not smaller or not sizing.meets_launch_rule(sizing.graph_step_work(smaller[-1]), facts)
+
+
+def test_the_graph_step_is_counted_on_meta() -> None:
+    """Two operations per layer (addmm, gelu: the transpose of the weight is a view), and their FLOPs."""
+    work = sizing.graph_step_work(3, width=16, batch=4)
+    assert work.launches == 2 * 3
+    assert work.flops == 3 * 2 * 4 * 16 * 16
+
+
+def test_sizes_that_are_not_the_rules_fail_it() -> None:
+    """What the rule rejects: lesson 02's CPU batch (64 images) as a copy, and lesson 14's CUDA graph comparison
+    (its compiled chain is one or two kernels: too few launches), or a step whose kernels are large."""
+    for facts in CUDA_GPUS.values():
+        assert not meets_rule(sizing.copy_work(64), facts)
+        assert not sizing.meets_launch_rule(Work(flops=1e6, bytes=1e6, launches=2), facts)
+        assert not sizing.meets_launch_rule(sizing.graph_step_work(64, width=4096, batch=4096), facts)
+
+
+def test_the_gpu_only_sizes_refuse_a_cpu() -> None:
+    with pytest.raises(ValueError, match="only on a CUDA GPU"):
+        sizing.copy_batch(CPU)
+    with pytest.raises(ValueError, match="only on a CUDA GPU"):
+        sizing.graph_step_size(CPU)

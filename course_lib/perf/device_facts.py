@@ -214,7 +214,8 @@ def device_facts(device: torch.device | str, *, progress: bool = True) -> Device
     seconds on a data-centre GPU): sizing needs it. On a CPU only an existing cache is read: the CPU's sizes do not
     depend on it, and its sweep would add seconds to every lesson.
 
-    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``).
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``); lesson 02 reads it first, to size its pinned
+    copy on a GPU.
     """
     import psutil
 

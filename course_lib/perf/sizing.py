@@ -27,11 +27,20 @@ at its fastest measured roof) and ``"large-gpu"`` (A100/H100/H200-like): the cla
 (the CNN's width) and the memory it may use; the search takes the smallest batch, then width, that meets the rule
 on *this* device's measured figures. No size is looked up from a device's name.
 
+**Two GPU-only comparisons** take their sizes from here too. Lesson 02's host-to-GPU copy (:func:`copy_batch`):
+the bytes of one copy meet the rule at the *measured bandwidth* of the device's memory; a copy over PCIe or NVLink
+is slower than that memory, so the estimate errs towards too little time again. Lesson 07's CUDA graph step
+(:func:`graph_step_size`) is the opposite case, on purpose: a step of many small kernels, **launch-bound**, where a
+graph wins. Its rule counts launches, not work: ``launches x launch cost >= max(1 ms, 50 x launch cost)`` (the
+eager call lasts long enough to time) while its work at the roofs takes under :data:`LAUNCH_BOUND_SHARE` of that
+launch time (so launches, not kernels, set the eager step's time).
+
 Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``); later lessons take their sizes from here too.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,6 +63,11 @@ WIDTHS = (32, 64, 128, 256)
 START_WIDTH = {"small-gpu": 64, "large-gpu": 128}
 MEMORY_SHARE = 0.25  # a step's activations may use at most this share of the device's memory
 NUM_CLASSES = 10  # the classifier head is a rounding error in the work; the shapes dataset has fewer classes
+COPY_IMAGE_SIZE = 32  # lesson 02 copies batches of float32 3 x 32 x 32 images, the size its JPEGs decode to
+COPY_BATCH_STEP = 64  # a copy's batch is a whole number of 64-image batches
+LAUNCH_BOUND_SHARE = 0.1  # a launch-bound step's work, at the roofs, takes under a tenth of its launches' time
+GRAPH_WIDTH, GRAPH_BATCH = 128, 64  # lesson 07's small-kernel step: narrow layers, a small batch
+GRAPH_LAYERS = (16, 32, 64, 128, 256, 512)
 
 
 @dataclass(frozen=True)
@@ -78,13 +92,15 @@ class Sizes:
 @dataclass(frozen=True)
 class Work:
     """What one call does, counted on the ``meta`` device: ``flops`` (FlopCounterMode), ``bytes`` (each
-    operation's inputs read and outputs written) and ``held`` (an upper estimate of the memory it holds at once:
-    for a training step, every forward output kept for backward plus weights, gradients and AdamW's two moments).
+    operation's inputs read and outputs written), ``held`` (an upper estimate of the memory it holds at once:
+    for a training step, every forward output kept for backward plus weights, gradients and AdamW's two moments)
+    and ``launches`` (operations that are not views: at least one kernel launch each on a GPU).
     """
 
     flops: float
     bytes: float
     held: float = 0.0
+    launches: int = 0
 
 
 class _ByteCounter(TorchDispatchMode):
@@ -94,10 +110,12 @@ class _ByteCounter(TorchDispatchMode):
         super().__init__()
         self.bytes = 0
         self.written = 0
+        self.operations = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
         if not getattr(func, "is_view", False):
+            self.operations += 1
             seen: set[int] = set()  # an in-place result is its input: counted once
             for t in tree_flatten((args, kwargs))[0]:
                 if isinstance(t, torch.Tensor) and id(t) not in seen:
@@ -116,7 +134,8 @@ def count_work(run: Callable[[], object], *, held: float = 0.0) -> Work:
     so that nothing is allocated or computed; ``held`` is passed through."""
     with FlopCounterMode(display=False) as flops, _ByteCounter() as moved:
         run()
-    return Work(flops=float(flops.get_total_flops()), bytes=float(moved.bytes), held=held)
+    return Work(flops=float(flops.get_total_flops()), bytes=float(moved.bytes), held=held,
+                launches=moved.operations)
 
 
 def precision_step_work(width: int, batch: int, *, dtype: str = "fp32", image_size: int = 32) -> Work:
@@ -149,6 +168,45 @@ def matmul_work(n: int, *, element_bytes: int = 4) -> Work:
     return Work(flops=2.0 * n**3, bytes=3.0 * n * n * element_bytes, held=3.0 * n * n * element_bytes)
 
 
+def copy_work(batch: int, *, image_size: int = COPY_IMAGE_SIZE) -> Work:
+    """One host-to-device copy of lesson 02: ``batch`` float32 images of 3 x ``image_size`` x ``image_size``,
+    its bytes from the shape (written once on the device; read on the host, which the device's memory does not
+    see)."""
+    with torch.device("meta"):
+        images = torch.empty(batch, 3, image_size, image_size)
+    n = images.numel() * images.element_size()
+    return Work(flops=0.0, bytes=float(n), held=float(n))
+
+
+def small_kernel_model(layers: int, width: int) -> torch.nn.Sequential:
+    """``layers`` x (Linear(width, width) + GELU): two small kernels per layer, nothing for a library to fuse.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
+    """
+    if not isinstance(layers, int) or layers < 1 or not isinstance(width, int) or width < 1:
+        raise ValueError(f"small_kernel_model: layers={layers!r} and width={width!r} must be whole numbers >= 1.")
+    nn = torch.nn
+    return nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers)))
+
+
+def graph_step_work(layers: int, *, width: int = GRAPH_WIDTH, batch: int = GRAPH_BATCH) -> Work:
+    """One forward step of lesson 07's small-kernel model (:func:`small_kernel_model`),
+    counted on ``meta``: ``layers`` Linear + GELU layers of ``width`` on ``batch`` rows, without gradients.
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
+    """
+    with torch.device("meta"):
+        model = small_kernel_model(layers, width)
+        x = torch.randn(batch, width)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return count_work(forward, held=params + 2 * x.numel() * x.element_size())
+
+
 # ------------------------------------------------------------------------------------------------ the rule
 def min_call_seconds(facts: DeviceFacts) -> float:
     """The rule's floor for one timed call on this device: ``max(1 ms, 50 x launch cost)``."""
@@ -171,6 +229,22 @@ def device_seconds(work: Work, facts: DeviceFacts) -> float:
 def meets_rule(work: Work, facts: DeviceFacts) -> bool:
     """Whether one call of ``work`` takes at least :func:`min_call_seconds` on this device, estimated from below."""
     return device_seconds(work, facts) >= min_call_seconds(facts)
+
+
+def launch_seconds_of(work: Work, facts: DeviceFacts) -> float:
+    """The host's time to launch ``work``'s operations one by one: ``launches x`` the measured cost of one tiny
+    operation (a :class:`ValueError` when that cost was not measured)."""
+    if facts.launch_s is None:
+        raise ValueError(f"launch_seconds_of: {facts.name} has no measured launch cost; measure it with "
+                         "course_lib.perf.device_facts.launch_seconds first.")
+    return work.launches * facts.launch_s
+
+
+def meets_launch_rule(work: Work, facts: DeviceFacts) -> bool:
+    """Whether a step is long *and* launch-bound on this device (see the module docstring): its launches take at
+    least :func:`min_call_seconds`, and its work at the roofs under :data:`LAUNCH_BOUND_SHARE` of that."""
+    launching = launch_seconds_of(work, facts)
+    return launching >= min_call_seconds(facts) and device_seconds(work, facts) < LAUNCH_BOUND_SHARE * launching
 
 
 def device_class(facts: DeviceFacts) -> str:
@@ -232,6 +306,40 @@ def gpu_sizes(facts: DeviceFacts) -> Sizes:
                  tf32_size=n, why=why)
 
 
+def _gpu_only(facts: DeviceFacts, what: str) -> None:
+    if facts.kind != "cuda":
+        raise ValueError(f"{what}: {facts.name} is a {facts.kind}; this comparison runs only on a CUDA GPU (the "
+                         "lesson says why it is not run elsewhere).")
+
+
+def copy_batch(facts: DeviceFacts) -> int:
+    """Images per host-to-device copy in lesson 02, on a GPU: the fewest (a multiple of 64) whose bytes take at
+    least :func:`min_call_seconds` at the device's measured memory bandwidth (see the module docstring).
+
+    Taught in lesson 02 (``notebooks/02_dataloader.ipynb``).
+    """
+    _gpu_only(facts, "copy_batch")
+    if facts.bandwidth is None:
+        raise ValueError(f"copy_batch: {facts.name} has no measured bandwidth; measure it with "
+                         "course_lib.perf.ceiling.cached_ceiling (lesson 14) first.")
+    per_batch = copy_work(COPY_BATCH_STEP).bytes
+    batches = max(1, math.ceil(min_call_seconds(facts) * facts.bandwidth / per_batch))
+    return batches * COPY_BATCH_STEP
+
+
+def graph_step_size(facts: DeviceFacts) -> int:
+    """Layers of lesson 07's small-kernel step on a GPU: the fewest of :data:`GRAPH_LAYERS` that meet
+    :func:`meets_launch_rule` (the deepest when none does).
+
+    Taught in lesson 07 (``notebooks/07_compile_profiler.ipynb``).
+    """
+    _gpu_only(facts, "graph_step_size")
+    for layers in GRAPH_LAYERS:
+        if meets_launch_rule(graph_step_work(layers), facts):
+            return layers
+    return GRAPH_LAYERS[-1]
+
+
 def sizes_for(facts: DeviceFacts) -> Sizes:
     """The sizes for this device: :func:`cpu_sizes` on a CPU, :func:`gpu_sizes` on a GPU.
 
@@ -248,7 +356,13 @@ def timed_calls(sizes: Sizes, facts: DeviceFacts) -> dict[str, Work]:
         "05 precision step, fp32": precision_step_work(sizes.precision_width, sizes.precision_batch),
         f"05 precision step, {low}": precision_step_work(sizes.precision_width, sizes.precision_batch, dtype=low),
         "05 TF32 matmul (fp32 operands)": matmul_work(sizes.tf32_size),
+        "02 host-to-device copy": copy_work(copy_batch(facts)),
     }
+
+
+def launch_bound_calls(facts: DeviceFacts) -> dict[str, Work]:
+    """Every timed call the lessons size to be launch-bound on this GPU (:func:`meets_launch_rule` applies)."""
+    return {"07 small-kernel step (CUDA graph vs eager)": graph_step_work(graph_step_size(facts))}
 
 
 def estimated_seconds(sizes: Sizes, facts: DeviceFacts) -> float:
@@ -267,5 +381,6 @@ def estimated_seconds(sizes: Sizes, facts: DeviceFacts) -> float:
 __all__ = [
     "CLASSES", "MIN_CALL_S", "LAUNCHES_PER_CALL", "Sizes", "Work", "count_work", "precision_step_work",
     "matmul_work", "timed_calls", "min_call_seconds", "device_seconds", "meets_rule", "device_class", "cpu_sizes",
-    "gpu_sizes", "sizes_for", "estimated_seconds",
+    "gpu_sizes", "sizes_for", "estimated_seconds", "copy_work", "graph_step_work", "launch_seconds_of",
+    "meets_launch_rule", "copy_batch", "graph_step_size", "launch_bound_calls", "small_kernel_model",
 ]
