@@ -122,6 +122,12 @@ class Replay:
         if not isinstance(record, dict) or record.get("key") != key:
             raise LearnerRaised("missing", "the observations from your notebook do not match what the check "
                                 "asked for (did your code change the grader?)")
+        # Bound to the whole seed: a check's inputs may vary with a few bits of it (job sizes), but an answer recorded
+        # for another run, or written for a guessed seed, is refused however many of those bits it shares.
+        if type(record.get("seed")) is not int or record["seed"] != self.seed:
+            raise LearnerRaised("missing", f"these observations were recorded for another grading run (seed "
+                                f"{one_line(record.get('seed'), 30)}, this run's is {self.seed}): only what the "
+                                "grader's own worker records for this run is judged")
         return record
 
     def __getitem__(self, name: str) -> Any:
@@ -332,11 +338,11 @@ def observe(ns: Mapping[str, Any] | Replay, fn: Callable[..., Any], *args: Any, 
     except BaseException as exc:  # the same exception in a notebook, in the sandbox and in the grader
         record = _raised_record(key, exc)
         if recording is not None:
-            recording.append(record)
+            recording.append({**record, "seed": _run_seed})
         raise LearnerRaised(record["raised"], record["message"], record.get("hint"), record.get("expected"),
                             record.get("got")) from exc
     if recording is not None:
-        recording.append({"key": key, "value": value})
+        recording.append({"key": key, "value": value, "seed": _run_seed})  # the run it answers (Replay.take)
     return value
 
 
