@@ -6,6 +6,7 @@ harness is run once, briefly, for its structure, never for a ratio.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -144,7 +145,7 @@ def _speed_check() -> Any:
 
 
 def _replayed(observed: dict[str, Any], seed: int = 40) -> Any:
-    return run_check(_speed_check(), Replay([{"key": "_timed", "value": observed}], seed=seed))
+    return run_check(_speed_check(), Replay([{"key": "_timed", "value": observed, "seed": seed}], seed=seed))
 
 
 def _last_call(seed: int, data_seed: int, correct: bool = True) -> dict[str, Any]:
@@ -189,3 +190,44 @@ def test_harness_times_fresh_calls_and_records_the_last_one() -> None:
     last = observed["last_call"]
     assert last["seed"] > 5  # warm-up, calibration and rounds each drew fresh data
     assert losses_match(last["losses"], train_reference(challenge_model(5), *challenge_data(last["seed"]), CFG))
+
+
+def test_the_checked_call_never_trains_on_an_earlier_calls_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The speed check trusts the timings only when the call it checks returned the reference's losses for its
+    data. A fast contender is called many times (its rounds are calibrated to a minimum length, and a busy machine
+    repeats the measurement), more than the 30 prepared data sets: the checked call once fell on the first call's
+    data, so a train_fast that replays its first answer passed that test about one run in 30, under load only. The
+    call checked is on data no other call had, whatever the number of calls."""
+    first: list[Any] = []
+    data_seen: list[int] = []
+
+    def replays(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, cfg: Any) -> Any:
+        data_seen.append(int(images.sum()))
+        if not first:
+            first.append(train_reference(model, images, labels, cfg))
+        return first[0]
+
+    class Comparison:  # what time_against_original reads from the protocol's comparison
+        def __init__(self, calls: int) -> None:
+            self.calls_per_round = {"yours": calls, "original": 1}
+
+        def __getitem__(self, name: str) -> Any:
+            return SimpleNamespace(seconds=[0.01] * 7)
+
+        def verdict(self, *names: str) -> Any:
+            return SimpleNamespace(worst_spread=1.0)
+
+    for calls in (2, 30, 31, 61):
+        first.clear()
+        data_seen.clear()
+
+        def compare(contenders: dict[str, Any], calls: int = calls, **kwargs: Any) -> Comparison:
+            for _ in range(calls):  # a fast contender's calibration and rounds
+                contenders["yours"]()
+            return Comparison(calls)
+
+        monkeypatch.setattr(challenge_judge.protocol, "compare", compare)
+        last = time_against_original(replays, seed=40, attempts=1)["last_call"]
+        assert data_seen.count(data_seen[-1]) == 1, f"{calls} calls: the checked call's data was an earlier call's"
+        truth = train_reference(challenge_model(40), *challenge_data(last["seed"]), CFG)
+        assert not losses_match(last["losses"], truth), f"{calls} calls: a replayed first answer fits the checked call"
