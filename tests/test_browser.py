@@ -39,7 +39,9 @@ RUN_ALL_TIMEOUT_MS = 150_000  # generous: CI machines are shared and noisy
 # The lessons run through the UI (Run All): the welcome page (a question answered, reopened) and the DataLoader
 # lesson (the playground, reopened). What every lesson prints (no raw ANSI codes, no error) is checked on the outputs
 # of the run that executes each lesson once for the site (tests/test_lessons.py), not by running lessons again here.
-LESSON_PATTERNS = ("00_*.ipynb", "02_*.ipynb")
+# Run All in the browser: the welcome lesson and the data-loader lesson (questions, widgets, reopening) in every test
+# run; every lesson with COURSE_BROWSER_LESSONS=all (`make lab-check`: each one also closed with Discard, unchanged).
+LESSON_PATTERNS = ("*.ipynb",) if os.environ.get("COURSE_BROWSER_LESSONS") == "all" else ("00_*.ipynb", "02_*.ipynb")
 
 
 def _code(source: str) -> dict[str, Any]:
@@ -600,8 +602,10 @@ def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, served_root, noteb
     if notebook is None:
         pytest.skip(f"no notebooks/{' or '.join(LESSON_PATTERNS)} yet")
     rel = f"notebooks/{notebook.name}"
+    stored = (served_root / rel).read_bytes()
     open_notebook(page, lab_server, rel)
     run_all_cells(page)
+    assert (served_root / rel).read_bytes() == stored, f"running {rel} wrote it to disk (autosave) before any save"
     page.screenshot(path=str(SCREENSHOTS / f"{notebook.stem}-page.png"), full_page=False)
     assert error_outputs(page) == [], f"{rel} shows an error output"
     assert widget_errors(page) == []
@@ -630,6 +634,12 @@ def test_lesson_notebook_runs_in_jupyterlab(page, lab_server, served_root, noteb
         page.locator(".course-live").last.scroll_into_view_if_needed() if stale["notes"] else None
         shot(page.locator(".jp-NotebookPanel"), f"{notebook.stem}-reopened")
         check_dark_theme(page, notebook.stem)
+    else:  # Run All, then close without saving, as a learner who only ran the lesson: the file stays as stored
+        assert close_current_tab(page), f"closing {rel} after Run All should offer to save it"
+        page.locator(".jp-Dialog button", has_text=re.compile("^Discard$")).click()
+        page.wait_for_selector(".jp-Dialog", state="detached", timeout=10_000)
+        page.wait_for_timeout(1_000)
+        assert (served_root / rel).read_bytes() == stored, f"running {rel} and discarding changed it on disk"
 
 
 
