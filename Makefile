@@ -11,7 +11,7 @@ NOTEBOOK_DIR ?= .
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup data lab lab-check test test-fast test-oldest test-newest walkthrough doctor clean-notebooks exercises \
-        bench gpu-check site cells
+        bench gpu-check site cells mutation
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -91,6 +91,12 @@ exercises: setup
 
 bench: data
 	$(PY) -m course_lib bench
+
+# How much of each solution the checks pin down: every small change to the graded code (a flipped comparison, a
+# replaced number, a dropped term...) judged by the real checks; the report goes to docs/mutation.md (tens of
+# minutes; not part of `make test`). MUTATION_ARGS="--exercise 05 --timeout 30" runs one exercise.
+mutation: setup
+	$(TEST_ENV) $(PY) -m course_lib.grading.mutation $(MUTATION_ARGS)
 
 # On a machine with a CUDA GPU: GPU tests, every notebook, every grader and the GPU benchmark, in under 8 minutes;
 # the table goes to benchmarks/results/gpu-<device>.md. Without a GPU it says so in one line.

@@ -1,0 +1,382 @@
+"""How much of each solution the checks pin down: mutation testing of the graded code (an author's tool).
+
+Each *mutant* is the solution notebook with one small change inside one solution region (the code the exercise stub
+blanks): a comparison flipped or its boundary moved, a number replaced, a term dropped, two arguments swapped, a dtype
+or a device changed, a statement left out. Every mutant is judged by the real checks through the grader's in-process
+path (:func:`course_lib.grading.inprocess.observe_and_judge`) in a forked child with a time limit; the mutant is
+*killed* when a check fails (or it runs past the limit), *survives* otherwise. A survivor is a wrong program that
+scores full marks, unless it computes the same thing as the solution: those are listed in :data:`EQUIVALENT` with the
+reason. The target is at least 98% of the non-equivalent mutants killed, per exercise.
+
+``make mutation`` (``python -m course_lib.grading.mutation [--exercise NN ...] [--timeout S]``) runs every exercise,
+keeps each one's result in ``benchmarks/results/mutation.json`` and writes the report to ``docs/mutation.md``.
+It runs the course's own solutions in this process's children: trusted code only.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import os
+import select
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from course_lib.argparsing import CommandParser
+from course_lib.grading import notebook
+
+REPO = Path(__file__).resolve().parents[2]
+SOLUTIONS = REPO / "solutions"
+RESULTS = REPO / "benchmarks" / "results" / "mutation.json"
+REPORT = REPO / "docs" / "mutation.md"
+TARGET = 0.98
+
+# ---------------------------------------------------------------- the operators
+_BOUNDARY = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
+_NEGATED = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE,
+            ast.LtE: ast.Gt, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
+_ARITHMETIC = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
+               ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult}
+_DTYPES = {"float32": "float64", "float": "double", "float64": "float32", "double": "float", "float16": "bfloat16",
+           "half": "bfloat16", "bfloat16": "float16", "int64": "int32", "long": "int"}
+_DEVICES = {"cpu": "cuda", "cuda": "cpu", "meta": "cpu"}
+_PAIRED_CALLS = {"min": "max", "max": "min", "any": "all", "all": "any"}
+_SAID_ONCE = ("dtype", "device")  # keyword arguments whose omission is a mutant
+_SYMMETRIC = ("min", "max")  # swapping their arguments changes nothing: not a mutant
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One change to a cell's source: where, which operator, what it replaced and with what, the new source."""
+
+    cell: int
+    line: int
+    operator: str
+    before: str
+    after: str
+    source: str = ""
+
+    @property
+    def where(self) -> str:
+        return self.source.split("\n")[self.line - 1].strip() if self.source else ""
+
+    def describe(self) -> str:
+        return f"cell {self.cell} line {self.line}, {self.operator}: `{self.before}` -> `{self.after}`"
+
+
+def _replacements(node: ast.AST) -> Iterator[tuple[str, ast.AST | str]]:
+    """``(operator, what replaces node)`` for every mutation of ``node`` itself (not of its children)."""
+    if isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            for name, table in (("boundary", _BOUNDARY), ("comparison", _NEGATED)):
+                if type(op) in table:
+                    new = copy.deepcopy(node)
+                    new.ops[i] = table[type(op)]()
+                    yield name, new
+    elif isinstance(node, ast.Constant) and type(node.value) in (bool, int, float):
+        value = node.value
+        if isinstance(value, bool):
+            yield "constant", ast.Constant(not value)
+        elif isinstance(value, int):
+            yield "constant", ast.Constant(value + 1)
+            yield "constant", ast.Constant(value - 1)
+        elif value == 0:
+            yield "constant", ast.Constant(1.0)
+        else:
+            yield "constant", ast.Constant(value * 2)
+            yield "constant", ast.Constant(0.0)
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in _DEVICES:
+        yield "dtype/device", ast.Constant(_DEVICES[node.value])
+    elif isinstance(node, ast.BinOp):
+        if type(node.op) in _ARITHMETIC:
+            yield "arithmetic", ast.BinOp(node.left, _ARITHMETIC[type(node.op)](), node.right)
+        if isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+            yield "dropped term", node.left
+            yield "dropped term", node.right
+        elif isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            yield "dropped term", node.left
+    elif isinstance(node, ast.AugAssign) and type(node.op) in _ARITHMETIC:
+        yield "arithmetic", ast.AugAssign(node.target, _ARITHMETIC[type(node.op)](), node.value)
+    elif isinstance(node, ast.BoolOp):
+        yield "logic", ast.BoolOp(ast.Or() if isinstance(node.op, ast.And) else ast.And(), node.values)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+        yield "logic" if isinstance(node.op, ast.Not) else "arithmetic", node.operand
+    elif isinstance(node, ast.Call):
+        positional = [a for a in node.args if not isinstance(a, ast.Starred)]
+        symmetric = isinstance(node.func, ast.Name) and node.func.id in _SYMMETRIC
+        if not symmetric and len(positional) == len(node.args) >= 2 and ast.unparse(node.args[0]) != ast.unparse(
+                node.args[1]):
+            new = copy.deepcopy(node)
+            new.args[0], new.args[1] = new.args[1], new.args[0]
+            yield "swapped arguments", new
+        if isinstance(node.func, ast.Name) and node.func.id in _PAIRED_CALLS:
+            yield "constant", ast.Call(ast.Name(_PAIRED_CALLS[node.func.id]), node.args, node.keywords)
+        for i, keyword in enumerate(node.keywords):
+            if keyword.arg in _SAID_ONCE:
+                yield "dtype/device", ast.Call(node.func, node.args, node.keywords[:i] + node.keywords[i + 1:])
+    elif isinstance(node, ast.Attribute) and node.attr in _DTYPES and isinstance(node.value, ast.Name) \
+            and node.value.id == "torch":
+        yield "dtype/device", ast.Attribute(node.value, _DTYPES[node.attr])
+    if isinstance(node, ast.AugAssign) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+        yield "dropped statement", "pass"
+
+
+def _offset(lines: list[str], line: int, col: int) -> int:
+    """The character offset of (1-based line, UTF-8 byte column) in the source split into ``lines``."""
+    text = lines[line - 1].encode()[:col].decode()
+    return sum(len(x) + 1 for x in lines[: line - 1]) + len(text)
+
+
+def mutate_source(code: str, lines: Callable[[int], bool] = lambda line: True) -> list[tuple[int, str, str, str,
+                                                                                              str]]:
+    """``[(line, operator, before, after, new source)]``: every mutation of a node that lies on lines for which
+    ``lines(line)`` is true, one change per mutant, in source order; mutations that leave the code as it was are
+    dropped."""
+    tree = ast.parse(code)
+    text = code.split("\n")
+    out, seen = [], set()
+    nodes = sorted((n for n in ast.walk(tree) if hasattr(n, "end_lineno") and n.end_lineno is not None),
+                   key=lambda n: (n.lineno, n.col_offset))
+    for node in nodes:
+        if not all(lines(k) for k in range(node.lineno, node.end_lineno + 1)):
+            continue
+        start = _offset(text, node.lineno, node.col_offset)
+        end = _offset(text, node.end_lineno, node.end_col_offset)
+        before = code[start:end]
+        for operator, replacement in _replacements(node):
+            after = replacement if isinstance(replacement, str) else ast.unparse(replacement)
+            if isinstance(node, ast.expr) and not isinstance(replacement, str) and not isinstance(
+                    replacement, (ast.Constant, ast.Name, ast.Attribute, ast.Call)):
+                after = f"({after})"  # keeps the precedence it replaced
+            new = code[:start] + after + code[end:]
+            if after == before or new in seen:
+                continue
+            seen.add(new)
+            out.append((node.lineno, operator, " ".join(before.split()), " ".join(after.split()), new))
+    return out
+
+
+def region_lines(code: str) -> set[int]:
+    """The 1-based line numbers strictly inside a ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region."""
+    inside, lines = False, set()
+    for number, line in enumerate(code.split("\n"), 1):
+        if notebook.BEGIN.match(line):
+            inside = True
+        elif notebook.END.match(line):
+            inside = False
+        elif inside:
+            lines.add(number)
+    return lines
+
+
+def solution_path(number: str) -> Path:
+    found = sorted(SOLUTIONS.glob(f"{number}_*.ipynb"))
+    if not found:
+        raise ValueError(f"exercise {number!r} has no solution notebook in {SOLUTIONS} (numbers: 01 to "
+                         f"{max(p.name[:2] for p in SOLUTIONS.glob('[0-9][0-9]_*.ipynb'))})")
+    return found[0]
+
+
+def mutants(nb: dict[str, Any]) -> list[Mutant]:
+    """Every mutant of the solution regions of ``nb``'s exercise cells."""
+    out = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell.get("cell_type") != "code" or "exercise" not in notebook.tags(cell):
+            continue
+        code = notebook.source(cell)
+        inside = region_lines(code)
+        for line, operator, before, after, new in mutate_source(code, inside.__contains__):
+            out.append(Mutant(index, line, operator, before, after, new))
+    return out
+
+
+# ---------------------------------------------------------------- the mutants the checks cannot kill, and why
+# (exercise, before, after) -> why the mutant computes what the solution computes.
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("19", "zip(widths[:-1], widths[1:])", "zip(widths[1:], widths[:-1])"):
+        "each layer's count 2*N*a*b is symmetric in a and b, and which layer is first is read from enumerate, "
+        "not from the widths",
+}
+
+
+def equivalence(number: str, mutant: Mutant) -> str:
+    return EQUIVALENT.get((number, mutant.before, mutant.after), "")
+
+
+# ---------------------------------------------------------------- judging a mutant
+def _judge_in_child(number: str, nb: dict[str, Any], seed: int, write_fd: int) -> None:
+    from course_lib.grading import api
+    from course_lib.grading.inprocess import observe_and_judge
+    from course_lib.grading.worker import load_namespace
+
+    api.set_run_seed(seed)
+    ns = load_namespace(nb)
+    failed = [r.name for r in observe_and_judge(number, ns) if not r.passed]
+    os.write(write_fd, json.dumps(failed).encode())
+
+
+def judge(number: str, nb: dict[str, Any], seed: int, timeout_s: float) -> tuple[str, list[str]]:
+    """``("killed" | "survived" | "timeout" | "crashed", failing checks)`` of ``nb`` judged in a forked child."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own process group, so a timeout also ends what the checks started
+        os.close(read_fd)
+        os.setpgid(0, 0)
+        code = 0
+        try:
+            _judge_in_child(number, nb, seed, write_fd)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    deadline, chunks = time.monotonic() + timeout_s, []
+    while True:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([read_fd], [], [], max(0.0, left))
+        if not ready:  # past the limit
+            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except ProcessLookupError:
+                    pass
+            os.waitpid(pid, 0)
+            os.close(read_fd)
+            return "timeout", []
+        chunk = os.read(read_fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    try:
+        failed = json.loads(b"".join(chunks))
+    except ValueError:
+        return "crashed", []
+    return ("killed" if failed else "survived"), failed
+
+
+def with_cell(nb: dict[str, Any], index: int, source: str) -> dict[str, Any]:
+    new = copy.deepcopy(nb)
+    new["cells"][index]["source"] = source
+    return new
+
+
+@dataclass
+class Outcome:
+    mutant: str
+    where: str
+    status: str  # killed, survived, timeout, crashed
+    failed: list[str]
+    equivalent: str
+
+
+def run_exercise(number: str, seed: int, timeout_s: float, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Judge the solution (it must pass every check) and then each of its mutants."""
+    from course_lib.grading import inprocess, worker  # noqa: F401  imported once here, not in every child
+    from course_lib.grading.api import checks_for
+
+    checks_for(number)  # the check module and torch, likewise
+    nb = notebook.read(solution_path(number))
+    started = time.monotonic()
+    status, failed = judge(number, nb, seed, timeout_s)
+    if status != "survived":
+        raise RuntimeError(f"exercise {number}: the solution itself does not pass ({status}: {failed})")
+    baseline_s = time.monotonic() - started
+    outcomes = []
+    all_mutants = mutants(nb)
+    log(f"exercise {number}: {len(all_mutants)} mutants, the solution judged in {baseline_s:.1f} s")
+    for k, m in enumerate(all_mutants, 1):
+        status, failed = judge(number, with_cell(nb, m.cell, m.source), seed, timeout_s)
+        outcome = Outcome(m.describe(), m.where, status, failed, equivalence(number, m))
+        outcomes.append(outcome)
+        if status == "survived":
+            log(f"  [{k}/{len(all_mutants)}] survived: {m.describe()}  ({m.where})"
+                + (f"  equivalent: {outcome.equivalent}" if outcome.equivalent else ""))
+    return {"number": number, "seed": seed, "timeout_s": timeout_s, "baseline_s": round(baseline_s, 2),
+            "seconds": round(time.monotonic() - started, 1), "outcomes": [asdict(o) for o in outcomes]}
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    outcomes = result["outcomes"]
+    survived = [o for o in outcomes if o["status"] == "survived"]
+    equivalent = [o for o in survived if o["equivalent"]]
+    live = len(outcomes) - len(equivalent)
+    killed = len(outcomes) - len(survived)
+    return {"made": len(outcomes), "killed": killed, "timeouts": sum(o["status"] == "timeout" for o in outcomes),
+            "equivalent": len(equivalent), "survived": len(survived) - len(equivalent),
+            "rate": killed / live if live else 1.0}
+
+
+def render(results: dict[str, dict[str, Any]]) -> str:
+    """docs/mutation.md from every exercise's result."""
+    lines = [
+        "# Mutation testing of the checks",
+        "",
+        "Generated by `make mutation` (`python -m course_lib.grading.mutation`, see its docstring); do not edit by "
+        "hand. Each mutant is a solution with one change inside a solution region (the code the exercise stub "
+        "blanks): a comparison flipped or its boundary moved, a number replaced, a term dropped, two arguments "
+        "swapped, a dtype or device changed, a statement left out. It is judged by the real checks in a forked "
+        "child with a time limit. *Killed*: a check failed (or it ran past the limit). *Equivalent*: it "
+        "computes what the solution computes (the reason is given). Target: at least "
+        f"{TARGET:.0%} of the non-equivalent mutants killed, per exercise.",
+        "",
+        "| exercise | mutants | killed | of which timeouts | equivalent | survived | killed / non-equivalent | "
+        "seconds |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for number in sorted(results):
+        s = summary(results[number])
+        mark = "" if s["rate"] >= TARGET else " (below target)"
+        lines.append(f"| {number} | {s['made']} | {s['killed']} | {s['timeouts']} | {s['equivalent']} | "
+                     f"{s['survived']} | {s['rate']:.1%}{mark} | {results[number]['seconds']:.0f} |")
+    lines += ["", "## Survivors", ""]
+    for number in sorted(results):
+        survived = [o for o in results[number]["outcomes"] if o["status"] == "survived"]
+        if not survived:
+            continue
+        lines.append(f"### Exercise {number}")
+        lines.append("")
+        for o in survived:
+            why = f"equivalent: {o['equivalent']}" if o["equivalent"] else "**not killed**"
+            lines.append(f"- {o['mutant']} (`{o['where']}`): {why}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = CommandParser(prog="python -m course_lib.grading.mutation", description=__doc__.splitlines()[0])
+    parser.add_argument("--exercise", action="append", default=[], metavar="NN",
+                        help="only this exercise (repeat for several; default: every exercise)")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                        help="seconds one mutant may take before it counts as killed (default 120)")
+    parser.add_argument("--seed", type=int, default=1234, help="the grading run's seed every mutant is judged with")
+    args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        parser.error(f"--timeout {args.timeout:g}: a mutant needs a positive number of seconds")
+    numbers = args.exercise or sorted(p.name[:2] for p in SOLUTIONS.glob("[0-9][0-9]_*.ipynb"))
+    for number in numbers:
+        try:
+            solution_path(number)
+        except ValueError as exc:
+            parser.error(str(exc))
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    for number in numbers:
+        results[number] = run_exercise(number, args.seed, args.timeout)
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")  # after each exercise: an interrupted run keeps it
+        REPORT.write_text(render(results))
+        s = summary(results[number])
+        print(f"exercise {number}: {s['made']} mutants, {s['killed']} killed, {s['equivalent']} equivalent, "
+              f"{s['survived']} survived: {s['rate']:.1%} of the non-equivalent killed")
+    below = [n for n in numbers if summary(results[n])["rate"] < TARGET]
+    print(f"report: {REPORT.relative_to(REPO)}" + (f"; below {TARGET:.0%}: {', '.join(below)}" if below else ""))
+    return 1 if below else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
