@@ -1,5 +1,6 @@
 """The cost models exercise 22 grades against: bytes on a ring, ZeRO's memory per rank, the communication-bound
-crossover (course_lib/parallel/comm.py and zero.py). Pure functions: no ranks."""
+crossover, a pipeline's bubble and in-flight micro-batches (course_lib/parallel/comm.py, zero.py and pipeline.py).
+Pure functions: no ranks."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from course_lib.parallel.comm import (
     predicted_allreduce_seconds,
     ring_bytes_sent,
 )
+from course_lib.parallel.pipeline import bubble_fraction, peak_in_flight, stage_order
 from course_lib.parallel.zero import zero_bytes_per_rank
 
 
@@ -65,3 +67,23 @@ def test_at_the_bandwidth_found_the_allreduce_takes_exactly_the_compute_time(wor
     assert predicted_allreduce_seconds(grad_bytes, world, bandwidth, latency) == pytest.approx(compute_s)
     # The latency term alone takes the whole compute time: no link is fast enough.
     assert bandwidth_for_compute(2 * (world - 1) * latency, grad_bytes, world, latency) == math.inf
+
+
+def test_the_bubble_shrinks_with_micro_batches_and_1f1b_keeps_at_most_p_in_flight_where_gpipe_keeps_m() -> None:
+    assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert bubble_fraction(4, 16) == pytest.approx(3 / 19)
+    assert bubble_fraction(1, 8) == 0
+    for stages in range(1, 7):
+        for micro_batches in range(1, 13):
+            for stage in range(stages):
+                for schedule, want in (("gpipe", micro_batches), ("1f1b", min(stages - stage, micro_batches))):
+                    order = stage_order(schedule, stages, micro_batches, stage)
+                    assert sorted(order) == sorted([("F", i) for i in range(micro_batches)]
+                                                   + [("B", i) for i in range(micro_batches)])
+                    assert all(order.index(("F", i)) < order.index(("B", i)) for i in range(micro_batches))
+                    assert peak_in_flight(order) == want, (schedule, stages, micro_batches, stage)
+    # The last stage alternates from the start; the first runs p - 1 forwards ahead.
+    assert stage_order("1f1b", 3, 3, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    assert stage_order("1f1b", 3, 3, 0) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
+    with pytest.raises(ValueError, match="stage"):
+        stage_order("1f1b", 2, 4, 2)

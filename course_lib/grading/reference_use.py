@@ -71,7 +71,8 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "22": ("course_lib.parallel.zero.ShardedOptimizer", "course_lib.parallel.zero.zero_bytes_per_rank",
            "course_lib.parallel.comm.ring_bytes_sent", "course_lib.parallel.comm.ring_allreduce_bytes",
            "course_lib.parallel.comm.predicted_allreduce_seconds", "course_lib.parallel.comm.comm_bound_world",
-           "course_lib.parallel.comm.bandwidth_for_compute"),
+           "course_lib.parallel.comm.bandwidth_for_compute", "course_lib.parallel.pipeline.bubble_fraction",
+           "course_lib.parallel.pipeline.stage_order"),
 }
 
 

@@ -150,6 +150,42 @@ def bandwidth_needed(compute_s, grad_bytes, world, alpha):
 def bandwidth_needed(compute_s, grad_bytes, world, alpha):
     return 2 * (world - 1) / world * grad_bytes / (compute_s - 2 * (world - 1) * alpha)
 """, "crossover in bandwidth"),
+    ("the bubble as (p - 1) / m", """
+def bubble_fraction(stages, micro_batches):
+    return (stages - 1) / micro_batches
+""", "bubble"),
+    ("the bubble as (p - 1) / p, whatever the micro-batches", """
+def bubble_fraction(stages, micro_batches):
+    return (stages - 1) / stages
+""", "bubble"),
+    ("GPipe's order given for 1F1B: every forward, then every backward", """
+def one_f_one_b(stages, micro_batches, stage):
+    return [("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]
+""", "1F1B memory"),
+    ("p - stage warm-up forwards, one too many", """
+def one_f_one_b(stages, micro_batches, stage):
+    warmup = min(stages - stage, micro_batches)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(warmup, micro_batches):
+        order += [("F", i), ("B", i - warmup)]
+    return order + [("B", i) for i in range(micro_batches - warmup, micro_batches)]
+""", "1F1B order"),
+    ("warm-up not capped at the number of micro-batches", """
+def one_f_one_b(stages, micro_batches, stage):
+    warmup = stages - stage - 1
+    order = [("F", i) for i in range(warmup)]
+    for i in range(warmup, micro_batches):
+        order += [("F", i), ("B", i - warmup)]
+    return order + [("B", i) for i in range(max(0, micro_batches - warmup), micro_batches)]
+""", "1F1B order"),
+    ("the steady state runs the newest backward, not the oldest", """
+def one_f_one_b(stages, micro_batches, stage):
+    warmup = min(stages - stage - 1, micro_batches)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(warmup, micro_batches):
+        order += [("F", i), ("B", i)]
+    return order + [("B", i) for i in range(warmup)]
+""", "1F1B order"),
 ]
 
 # (what differs, the code appended to the cell)
@@ -214,5 +250,22 @@ def comm_bound_ranks(compute_s, grad_bytes, alpha, beta, max_world):
 def bandwidth_needed(compute_s, grad_bytes, world, alpha):
     beta = (compute_s - 2 * (world - 1) * alpha) / (2 * (world - 1) / world * grad_bytes)  # s per byte
     return 1 / beta if beta > 0 else float("inf")
+"""),
+    ("the bubble as 1 - the busy share, and 1F1B as a walk that runs a forward while it may run ahead, as lists", """
+def bubble_fraction(stages, micro_batches):
+    return 1 - micro_batches / (micro_batches + stages - 1)
+
+
+def one_f_one_b(stages, micro_batches, stage):
+    ahead = min(stages - stage - 1, micro_batches)  # how far the forwards may run ahead of the backwards
+    order, f, b = [], 0, 0
+    while b < micro_batches:
+        if f < micro_batches and f - b <= ahead:
+            order.append(["F", f])
+            f += 1
+        else:
+            order.append(["B", b])
+            b += 1
+    return order
 """),
 ]

@@ -1,12 +1,13 @@
 """Checks for exercise 22: beyond plain data parallelism -- ZeRO-1 with a reduce-scatter, its bytes, ZeRO's memory
-per rank, and when data parallelism becomes communication-bound.
+per rank, when data parallelism becomes communication-bound, and pipeline parallelism's bubble and 1F1B's memory.
 
 ``ReduceScatterAdamW`` runs on two real processes (:mod:`course_lib.grading.beyond_dp_driver`: parameters and each
 rank's own gradients from the run's seed, every collective recorded); the judges recompute one AdamW stepped with the
 averaged gradients here. The other functions are pure: each is called on inputs drawn from the run's seed and
 compared with the course's own models (:func:`course_lib.parallel.comm.ring_bytes_sent`,
 :func:`course_lib.parallel.zero.zero_bytes_per_rank`, :func:`course_lib.parallel.comm.predicted_allreduce_seconds`,
-:func:`course_lib.parallel.comm.comm_bound_world`, :func:`course_lib.parallel.comm.bandwidth_for_compute`).
+:func:`course_lib.parallel.comm.comm_bound_world`, :func:`course_lib.parallel.comm.bandwidth_for_compute`,
+:mod:`course_lib.parallel.pipeline`).
 The crossover cases sit well inside a step of the world size, never on its boundary.
 """
 
@@ -29,6 +30,7 @@ from course_lib.parallel.comm import (
     ring_allreduce_bytes,
     ring_bytes_sent,
 )
+from course_lib.parallel.pipeline import bubble_fraction, peak_in_flight, stage_order
 from course_lib.parallel.zero import shard_bounds, zero_bytes_per_rank
 
 ZERO_TOLERANCE = 1e-6  # AdamW is element-wise: a shard steps exactly as the whole does, up to rounding
@@ -374,3 +376,91 @@ def crossover_bandwidth(ns: Any) -> None:
                      "(bytes per second); when the latency term alone reaches compute_s no bandwidth is enough: "
                      "math.inf",
                 expected=f"{want:.6g} bytes/s", got=got)
+
+
+# ------------------------------------------------------------------------------ 22.8-22.9: pipeline parallelism
+
+
+def _pipeline_cases(seed: int) -> list[dict[str, int]]:
+    """Stages and micro-batches; a third of the cases with so few micro-batches that 1F1B's warm-up is capped by
+    them (``micro_batches < stages - stage - 1``)."""
+    rng = random.Random(seed * 2663 + 228)
+    cases = []
+    for i in range(9):
+        if i % 3 == 0:
+            stages = rng.randint(3, 12)
+            micro_batches = rng.randint(1, stages - 2)
+            stage = rng.randrange(stages - micro_batches - 1)
+        else:
+            stages = rng.randint(2, 12)
+            micro_batches, stage = rng.randint(stages, 4 * stages), rng.randrange(stages)
+        cases.append({"stages": stages, "micro_batches": micro_batches, "stage": stage})
+    return cases
+
+
+def _bubble_answers(ns: dict[str, Any], cases: list[dict[str, int]]) -> list[list[Any]]:
+    fn = need(ns, "bubble_fraction", "define `bubble_fraction(stages, micro_batches)` in the exercise cell")
+    return [[c, _number(call(fn, c["stages"], c["micro_batches"]))] for c in cases]
+
+
+@check_for("22", "pipeline bubble: (p-1)/(m+p-1) of the step idle", points=1, parts=("22.8",))
+def pipeline_bubble(ns: Any) -> None:
+    for case, got in _answers(ns, _bubble_answers, _pipeline_cases(run_seed(ns))):
+        want = bubble_fraction(case["stages"], case["micro_batches"])
+        if not _close(got, want):
+            raise CheckFailed(
+                f"bubble_fraction(stages={case['stages']}, micro_batches={case['micro_batches']}) is not the idle "
+                "share of a GPipe step",
+                hint="a step lasts m + p - 1 time units per direction and each stage works m of them",
+                expected=want, got=got)
+
+
+def _order(value: Any) -> Any:
+    """A schedule as ``[["F", i], ["B", j], ...]`` (any pairs of a letter and an integer), else its text."""
+    try:
+        return [[str(kind), operator.index(i)] for kind, i in value]
+    except (TypeError, ValueError):
+        return one_line(value)
+
+
+def _order_answers(ns: dict[str, Any], cases: list[dict[str, int]]) -> list[list[Any]]:
+    fn = need(ns, "one_f_one_b", "define `one_f_one_b(stages, micro_batches, stage)` in the exercise cell")
+    return [[c, _order(call(fn, c["stages"], c["micro_batches"], c["stage"]))] for c in cases]
+
+
+def _call_text(case: dict[str, int]) -> str:
+    return f"one_f_one_b(stages={case['stages']}, micro_batches={case['micro_batches']}, stage={case['stage']})"
+
+
+@check_for("22", "1F1B order: warm-up forwards, then one forward and one backward", points=1, parts=("22.9",))
+def pipeline_order(ns: Any) -> None:
+    for case, got in _answers(ns, _order_answers, _pipeline_cases(run_seed(ns))):
+        want = [list(op) for op in stage_order("1f1b", case["stages"], case["micro_batches"], case["stage"])]
+        if got != want:
+            raise CheckFailed(
+                f"{_call_text(case)} is not 1F1B's order for that stage",
+                hint="min(stages - stage - 1, micro_batches) warm-up forwards; then for each remaining micro-batch "
+                     "its forward and the oldest backward still due; then the backwards left, in order",
+                expected=want, got=got)
+
+
+@check_for("22", "1F1B memory: at most min(p - stage, m) micro-batches in flight, not GPipe's m", points=1,
+           parts=("22.9",))
+def pipeline_memory(ns: Any) -> None:
+    for case, got in _answers(ns, _order_answers, _pipeline_cases(run_seed(ns))):
+        m = case["micro_batches"]
+        complete = isinstance(got, list) and sorted(map(tuple, got)) == sorted(
+            [("B", i) for i in range(m)] + [("F", i) for i in range(m)])
+        forwards_first = complete and all(got.index(["F", i]) < got.index(["B", i]) for i in range(m))
+        if not forwards_first:
+            raise CheckFailed(f"{_call_text(case)} does not run each micro-batch's forward, then its backward, once",
+                              hint="one ('F', i) and one ('B', i) for every micro-batch i, the forward first",
+                              got=got)
+        want = min(case["stages"] - case["stage"], m)
+        if peak_in_flight([tuple(op) for op in got]) > want:
+            raise CheckFailed(
+                f"{_call_text(case)} holds the activations of {peak_in_flight([tuple(op) for op in got])} "
+                f"micro-batches at once",
+                hint="start each backward as soon as the stage may: a stage s of p needs only p - s forwards in "
+                     "flight before the first backward comes back (GPipe keeps all m)",
+                expected=f"at most {want}", got=peak_in_flight([tuple(op) for op in got]))
