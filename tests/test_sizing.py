@@ -157,3 +157,21 @@ def test_the_gpu_only_sizes_refuse_a_cpu() -> None:
         sizing.copy_batch(CPU)
     with pytest.raises(ValueError, match="only on a CUDA GPU"):
         sizing.graph_step_size(CPU)
+
+
+def test_lesson_08s_large_batch_meets_the_rule_on_a_gpu_and_stays_64_on_a_cpu() -> None:
+    assert sizing.throughput_batch(CPU) == 64
+    for name, facts in CUDA_GPUS.items():
+        batch = sizing.throughput_batch(facts)
+        assert meets_rule(sizing.inference_work(32, batch), facts), name
+        assert batch == 64 or not meets_rule(sizing.inference_work(32, batch // 2), facts), name
+        assert not meets_rule(sizing.inference_work(32, 64), facts), f"{name}: the CPU's batch 64 is launch-bound"
+
+
+def test_lesson_11s_gpu_step_is_lesson_05s() -> None:
+    """The capstone trains lesson 05's SmallCNN step: on a GPU its width and batch, which meet the rule (above)."""
+    for facts in CUDA_GPUS.values():
+        sizes = sizes_for(facts)
+        calls = timed_calls(sizes, facts)
+        assert calls["11 capstone training step (the same SmallCNN step, fp32)"] == calls["05 precision step, fp32"]
+    assert not meets_rule(precision_step_work(32, 32), H200)  # the capstone's CPU sizes: batch 32, width 32

@@ -168,6 +168,24 @@ def matmul_work(n: int, *, element_bytes: int = 4) -> Work:
     return Work(flops=2.0 * n**3, bytes=3.0 * n * n * element_bytes, held=3.0 * n * n * element_bytes)
 
 
+def inference_work(width: int, batch: int, *, image_size: int = 32, num_classes: int = NUM_CLASSES) -> Work:
+    """One inference forward of a :class:`~course_lib.models.SmallCNN` of ``width`` on ``batch`` images, without
+    gradients, counted on ``meta`` (lesson 08's batched forward)."""
+    from course_lib.models import SmallCNN
+
+    with torch.device("meta"):
+        model = SmallCNN(num_classes=num_classes, width=width)
+        x = torch.randn(batch, 3, image_size, image_size)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    first_map = batch * width * image_size * image_size * 4  # the largest activation, fp32
+    return count_work(forward, held=params + 4 * first_map)  # inference frees each map: at most a few alive at once
+
+
 def copy_work(batch: int, *, image_size: int = COPY_IMAGE_SIZE) -> Work:
     """One host-to-device copy of lesson 02: ``batch`` float32 images of 3 x ``image_size`` x ``image_size``,
     its bytes from the shape (written once on the device; read on the host, which the device's memory does not
@@ -327,6 +345,25 @@ def copy_batch(facts: DeviceFacts) -> int:
     return batches * COPY_BATCH_STEP
 
 
+def throughput_batch(facts: DeviceFacts, *, width: int = 32, image_size: int = 32, num_classes: int = NUM_CLASSES,
+                     cpu_batch: int = 64) -> int:
+    """The large batch of lesson 08's throughput comparison (batch one is its latency side, launch-bound on purpose):
+    ``cpu_batch`` on a CPU; on a GPU the smallest power of two from ``cpu_batch`` whose inference forward meets the
+    rule, within :data:`MEMORY_SHARE` of its memory.
+
+    Taught in lesson 08 (``notebooks/08_latency_memory.ipynb``).
+    """
+    if facts.kind == "cpu":
+        return cpu_batch
+    memory = facts.memory_bytes or 16 * 2**30
+    batch = cpu_batch
+    while True:
+        work = inference_work(width, batch, image_size=image_size, num_classes=num_classes)
+        if meets_rule(work, facts) or work.held * 2 > MEMORY_SHARE * memory:
+            return batch
+        batch *= 2
+
+
 def graph_step_size(facts: DeviceFacts) -> int:
     """Layers of lesson 07's small-kernel step on a GPU: the fewest of :data:`GRAPH_LAYERS` that meet
     :func:`meets_launch_rule` (the deepest when none does).
@@ -357,6 +394,9 @@ def timed_calls(sizes: Sizes, facts: DeviceFacts) -> dict[str, Work]:
         f"05 precision step, {low}": precision_step_work(sizes.precision_width, sizes.precision_batch, dtype=low),
         "05 TF32 matmul (fp32 operands)": matmul_work(sizes.tf32_size),
         "02 host-to-device copy": copy_work(copy_batch(facts)),
+        "08 batched inference forward": inference_work(32, throughput_batch(facts)),
+        "11 capstone training step (the same SmallCNN step, fp32)": precision_step_work(sizes.precision_width,
+                                                                                         sizes.precision_batch),
     }
 
 
@@ -383,4 +423,5 @@ __all__ = [
     "matmul_work", "timed_calls", "min_call_seconds", "device_seconds", "meets_rule", "device_class", "cpu_sizes",
     "gpu_sizes", "sizes_for", "estimated_seconds", "copy_work", "graph_step_work", "launch_seconds_of",
     "meets_launch_rule", "copy_batch", "graph_step_size", "launch_bound_calls", "small_kernel_model",
+    "inference_work", "throughput_batch",
 ]
