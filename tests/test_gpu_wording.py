@@ -69,3 +69,15 @@ def test_lesson_11s_stage_explanations_in_gpu_words(gpu: str) -> None:
     assert facts.low_precision_units in why["bf16"][0]
     on_cpu = assigned("11_capstone.ipynb", {"CPU_WHY", "GPU_WHY", "WHY"}, CPU_PLAIN)["WHY"]
     assert "this CPU has fast bf16 arithmetic" in on_cpu["bf16"][0]
+
+
+def test_lesson_06s_accumulation_verdict_in_gpu_words() -> None:
+    """Lesson 06 passes its device-dependent words to explain() as one dict picked by ``facts.is_gpu``."""
+    cells = json.loads((ROOT / "notebooks" / "06_accumulation.ipynb").read_text(encoding="utf-8"))["cells"]
+    source = next("".join(c["source"]) for c in cells if "timing.verdict(" in "".join(c["source"]))
+    call = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute) and n.func.attr == "explain")
+    words = next(k.value for k in call.keywords if k.arg is None)
+    for facts, cpu in ((H200, False), (T4, False), (CPU_PLAIN, True)):
+        chosen = eval(compile(ast.Expression(words), "06", "eval"), {"facts": facts})
+        assert bool(CPU_WORDS.search(" ".join(texts(chosen)))) == cpu, chosen

@@ -175,3 +175,12 @@ def test_lesson_11s_gpu_step_is_lesson_05s() -> None:
         calls = timed_calls(sizes, facts)
         assert calls["11 capstone training step (the same SmallCNN step, fp32)"] == calls["05 precision step, fp32"]
     assert not meets_rule(precision_step_work(32, 32), H200)  # the capstone's CPU sizes: batch 32, width 32
+
+
+def test_lesson_01s_narrow_step_meets_the_rule_on_a_gpu_and_keeps_its_batch_on_a_cpu() -> None:
+    assert sizing.step_batch(CPU, width=8, cpu_batch=64) == 64
+    for name, facts in CUDA_GPUS.items():
+        batch = sizing.step_batch(facts, width=8, cpu_batch=64)
+        assert meets_rule(precision_step_work(8, batch), facts), name
+        assert meets_rule(precision_step_work(32, batch), facts), f"{name}: the wide side does more work still"
+        assert not meets_rule(precision_step_work(8, 64), facts), f"{name}: the CPU's batch 64 is launch-bound"

@@ -214,8 +214,8 @@ def device_facts(device: torch.device | str, *, progress: bool = True) -> Device
     seconds on a data-centre GPU): sizing needs it. On a CPU only an existing cache is read: the CPU's sizes do not
     depend on it, and its sweep would add seconds to every lesson.
 
-    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``); lesson 02 reads it first, to size its pinned
-    copy on a GPU.
+    Taught in lesson 05 (``notebooks/05_mixed_precision.ipynb``); lesson 01 reads it first, to size its timed
+    step on a GPU (and lessons 02, 07, 08 and 11 theirs).
     """
     import psutil
 

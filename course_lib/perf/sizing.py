@@ -364,6 +364,24 @@ def throughput_batch(facts: DeviceFacts, *, width: int = 32, image_size: int = 3
         batch *= 2
 
 
+def step_batch(facts: DeviceFacts, *, width: int, cpu_batch: int) -> int:
+    """The batch of a lesson's timed :class:`~course_lib.models.SmallCNN` training step of ``width``: ``cpu_batch``
+    on a CPU; on a GPU the smallest power of two from ``cpu_batch`` whose step meets the rule (in the dtype this GPU
+    runs fastest, a lower bound), within :data:`MEMORY_SHARE` of its memory.
+
+    Taught in lesson 01 (``notebooks/01_bottleneck.ipynb``).
+    """
+    if facts.kind == "cpu":
+        return cpu_batch
+    memory = facts.memory_bytes or 16 * 2**30
+    batch = cpu_batch
+    while True:
+        work = precision_step_work(width, batch)
+        if meets_rule(work, facts) or work.held * 2 > MEMORY_SHARE * memory:
+            return batch
+        batch *= 2
+
+
 def graph_step_size(facts: DeviceFacts) -> int:
     """Layers of lesson 07's small-kernel step on a GPU: the fewest of :data:`GRAPH_LAYERS` that meet
     :func:`meets_launch_rule` (the deepest when none does).
@@ -394,6 +412,7 @@ def timed_calls(sizes: Sizes, facts: DeviceFacts) -> dict[str, Work]:
         f"05 precision step, {low}": precision_step_work(sizes.precision_width, sizes.precision_batch, dtype=low),
         "05 TF32 matmul (fp32 operands)": matmul_work(sizes.tf32_size),
         "02 host-to-device copy": copy_work(copy_batch(facts)),
+        "01 width-8 CNN step (the narrow side)": precision_step_work(8, step_batch(facts, width=8, cpu_batch=64)),
         "08 batched inference forward": inference_work(32, throughput_batch(facts)),
         "11 capstone training step (the same SmallCNN step, fp32)": precision_step_work(sizes.precision_width,
                                                                                          sizes.precision_batch),
@@ -423,5 +442,5 @@ __all__ = [
     "matmul_work", "timed_calls", "min_call_seconds", "device_seconds", "meets_rule", "device_class", "cpu_sizes",
     "gpu_sizes", "sizes_for", "estimated_seconds", "copy_work", "graph_step_work", "launch_seconds_of",
     "meets_launch_rule", "copy_batch", "graph_step_size", "launch_bound_calls", "small_kernel_model",
-    "inference_work", "throughput_batch",
+    "inference_work", "throughput_batch", "step_batch",
 ]
