@@ -65,5 +65,5 @@ def test_only_the_solution_regions_are_mutated() -> None:
     nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["exercise"]}, "source": cell},
                     {"cell_type": "code", "metadata": {}, "source": "x = 1 + 2\n"}]}
     (first, *_) = mutants(nb)
-    assert isinstance(first, Mutant) and first.cell == 0 and first.where == "return (a - b)"
+    assert isinstance(first, Mutant) and first.cell == 0 and first.where == "return a + b"
     assert first.source == cell.replace("return a + b", "return (a - b)")

@@ -131,6 +131,8 @@ def _trained(ns: dict[str, Any], seed: int, weighted: bool) -> dict[str, Any]:
                   "define `train_accumulated(model, loader, optimizer, device, microbatches=4)`")
         data, extra = _data(seed, _n(seed)), ()
     model = _model(seed)
+    for p in model.parameters():  # gradients left from earlier work: the first step must not include them
+        p.grad = torch.full_like(p, 0.25)
     opt = CountingSGD(model.parameters(), lr=LR)
     result = call(fn, model, _loader(data), opt, torch.device("cpu"), *extra, microbatches=ACCUM)
     return {"steps_taken": opt.steps_taken, "result": _as_result(result),
@@ -235,3 +237,10 @@ def weighted(ns: dict[str, Any]) -> None:
             got=f"{diff:.3g}",
         )
     _check_loss(seen["result"], loss, "the summed weighted losses over the summed weights of the targets")
+    sizes = [int((data.tensors[1][start:start + MICRO * ACCUM] != -100).sum())
+             for start in range(0, WEIGHTED_N, MICRO * ACCUM)]
+    got = seen["result"].get("group_sizes") if isinstance(seen["result"], dict) else None
+    if got != sizes:
+        raise CheckFailed("with class weights, 'group_sizes' should still count the real targets of each group",
+                          hint="the weights change the loss's denominator, not what group_sizes counts: the targets "
+                               "!= -100 of each group", expected=sizes, got=got)

@@ -255,6 +255,16 @@ def _plan_cases(seed: int) -> dict[str, dict[str, Any]]:
     cases["the plain stack fits"] = dict(fits, budget=sum(fits["plain"]) + rng.randint(0, 4096))
     short = _plan_case(rng, 5, 2)
     cases["nothing fits"] = dict(short, budget=sum(short["checkpointed"]) - rng.randint(1, 50_000))
+    # Near misses: checkpointing every block meets the budget exactly (it fits: <=, not <), and blocks that keep
+    # much even when checkpointed (subtracting a block's plain bytes instead of its saving stops too early).
+    exact = _plan_case(rng, 5, 2)
+    cases["every block is needed, exactly"] = dict(exact, budget=sum(exact["checkpointed"]))
+    heavy = _plan_case(rng, 6, 3)
+    kept = [32 * 1024 * rng.randint(1, 3) for _ in heavy["plain"]]
+    cases["checkpointed blocks still keep much"] = {
+        "plain": [p + k for p, k in zip(heavy["plain"], kept)],
+        "checkpointed": [c + k for c, k in zip(heavy["checkpointed"], kept)],
+        "budget": heavy["budget"] + sum(kept)}
     return cases
 
 

@@ -1,0 +1,71 @@
+"""Near misses found by `make mutation`: a rule one step from the right one, which the checks' data once could not
+tell apart from it. Each row is now caught by the check named, because that check's data was chosen so the two
+rules give different answers (docs/mutation.md lists the mutants; docs/grading.md the requirement each row breaks).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_grading_variants import judge_row
+
+# (exercise, the near miss, the code, a word from the name of the check that must fail)
+NEAR_MISSES = [
+    ("05", "the cosine's denominator guarded at 2 instead of 1", """
+        def lr_at(step, cfg):
+            if step < cfg.warmup:
+                return cfg.lr * step / cfg.warmup
+            t = min(1.0, (step - cfg.warmup) / max(2, cfg.steps - cfg.warmup))
+            return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+        """, "cosine"),
+    ("07", "gradients the model arrived with are kept in the first group's step (zeroed only after each step)", """
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            model.train()
+            total_loss, total_count, sizes = 0.0, 0, []
+            for group in _groups(loader, microbatches):
+                count = sum(int((y != IGNORE).sum()) for _, y in group)
+                for x, y in group:
+                    loss_sum = F.cross_entropy(model(x), y, ignore_index=IGNORE, reduction="sum")
+                    (loss_sum / count).backward()
+                    total_loss += loss_sum.item()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total_count += count
+                sizes.append(count)
+            return {"loss": total_loss / total_count, "steps": len(sizes), "group_sizes": sizes}
+        """, "big batch"),
+    ("07", "class-weighted: group_sizes counts the ignored targets", """
+        _solution_weighted = train_accumulated_weighted
+        def train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4):
+            out = _solution_weighted(model, loader, optimizer, device, class_weights, microbatches)
+            sizes = [sum(len(y) for _, y in group) for group in _groups(loader, microbatches)]
+            return dict(out, group_sizes=sizes)
+        """, "class-weighted"),
+    ("15", "a budget met exactly by checkpointing every block is refused (>= instead of >)", """
+        _solution_plan = blocks_to_checkpoint
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if sum(checkpointed) >= budget:
+                raise ValueError(f"{sum(checkpointed) - budget} bytes over the budget")
+            return _solution_plan(plain, checkpointed, budget)
+        """, "fewest"),
+    ("15", "a block's plain bytes subtracted instead of what checkpointing it saves", """
+        def blocks_to_checkpoint(plain, checkpointed, budget):
+            if sum(checkpointed) > budget:
+                raise ValueError(f"{sum(checkpointed) - budget} bytes over the budget")
+            total, chosen = sum(plain), []
+            for i in sorted(range(len(plain)), key=lambda i: (-(plain[i] - checkpointed[i]), i)):
+                if total <= budget:
+                    break
+                total -= plain[i]
+                chosen.append(i)
+            return sorted(chosen)
+        """, "fewest"),
+]
+
+
+@pytest.mark.parametrize("number, mistake, code, check", NEAR_MISSES, ids=[f"{r[0]}-{r[1]}" for r in NEAR_MISSES])
+def test_a_near_miss_fails_its_check(number: str, mistake: str, code: str, check: str) -> None:
+    results = judge_row(number, code, only=check)
+    assert results, f"no check of exercise {number} is named like {check!r}"
+    failing = {name: r.message for name, r in results.items() if not r.passed}
+    assert any(check in name for name in failing), f"{mistake!r} should fail {check!r}; failing: {failing}"
