@@ -1,16 +1,22 @@
-"""Exercise 22's trusted driver: what runs inside each rank around the learner's reduce-scatter ZeRO-1.
+"""Exercise 22's trusted driver: what runs inside each rank around the learner's reduce-scatter ZeRO-1 and
+two-stage pipeline.
 
 :func:`course_lib.grading.ddp_ranks.run_ranks` starts two gloo processes; in each, :func:`rank_driver` (named in the
 job, from the runner's allow-list) records every collective *before* the learner's cell runs (so ``from
 torch.distributed import reduce_scatter_tensor`` is recorded too), executes the cell, joins the process group, builds
-the parameters and this rank's own gradients from ``cfg`` (drawn from the grading run's seed) and steps the learner's
-``ReduceScatterAdamW`` a few times. It returns plain data: the final parameters, the optimizer's moment bytes and, per
-step, every collective issued with the bytes this rank passed in (what
-:func:`course_lib.parallel.comm.count_collectives` records, so :func:`course_lib.parallel.comm.ring_bytes_sent`
-prices it).
+everything from ``cfg`` (drawn from the grading run's seed) and runs two sections, each on its own so that one
+unfinished part does not hide the other:
 
-The grader's own process rebuilds the same tensors (:func:`zero_params`, :func:`local_grads`) and recomputes the
-reference: one AdamW stepped with the gradients averaged over the ranks.
+* ``zero``: the parameters and this rank's own gradients, stepped a few times by the learner's ``ReduceScatterAdamW``;
+  it returns the final parameters, the optimizer's moment bytes and, per step, every collective issued with the
+  bytes this rank passed in (what :func:`course_lib.parallel.comm.count_collectives` records, so
+  :func:`course_lib.parallel.comm.ring_bytes_sent` prices it);
+* ``pp``: rank ``r`` holds stage ``r`` of a two-stage model and calls the learner's ``pipeline_step`` once on the
+  whole batch; it returns the loss (the last stage's), the stage's gradients and every point-to-point message.
+
+The grader's own process rebuilds the same tensors (:func:`zero_params`, :func:`local_grads`, :func:`pp_model`,
+:func:`pp_batch`) and recomputes the references: one AdamW stepped with the gradients averaged over the ranks, and
+the unsplit model's loss and gradients on the whole batch.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from course_lib.grading import ddp_ranks
 from course_lib.grading.parallel_driver import RECORDED, cell_sources, flat, moment_bytes
@@ -30,7 +37,7 @@ from course_lib.parallel.comm import PAYLOAD_ARGUMENT
 DRIVER = "course_lib.grading.beyond_dp_driver:rank_driver"
 WORLD = 2
 GLOO_TIMEOUT_S = 45  # a collective the other rank never joins fails after this, instead of hanging
-NAMES = ("ReduceScatterAdamW",)
+NAMES = ("ReduceScatterAdamW", "pipeline_step")
 
 
 def exercise_config(seed: int = 0) -> dict[str, Any]:
@@ -39,8 +46,11 @@ def exercise_config(seed: int = 0) -> dict[str, Any]:
     s = int(seed)
     rows, cols, vec = 2 + s % 3, 3 + s % 2, 1 + s % 2
     numel = 21 + 2 * (s % 23)
+    micro_batches = 2 + s % 3
     return {"seed": 4000 + s % 9000, "shapes": [[rows, cols], [vec], [numel - rows * cols - vec]], "steps": 3,
-            "lr": round(0.01 * (1 + s % 3), 4), "weight_decay": round(0.05 * (1 + s % 4), 4)}
+            "lr": round(0.01 * (1 + s % 3), 4), "weight_decay": round(0.05 * (1 + s % 4), 4),
+            "pp": {"seed": 6000 + s % 9000, "d_in": 3 + s % 5, "hidden": 4 + s % 7, "classes": 2 + s % 4,
+                   "micro_batches": micro_batches, "batch": micro_batches * (2 + s % 2)}}
 
 
 def zero_params(cfg: dict[str, Any]) -> list[torch.Tensor]:
@@ -53,6 +63,24 @@ def local_grads(cfg: dict[str, Any], step: int, rank: int) -> list[torch.Tensor]
     """Rank ``rank``'s own gradients at ``step`` (its share of the batch): different on every rank."""
     g = torch.Generator().manual_seed(cfg["seed"] + 100 + 17 * step + 5003 * rank)
     return [torch.randn(*shape, generator=g) for shape in cfg["shapes"]]
+
+
+def pp_model(cfg: dict[str, Any]) -> nn.Sequential:
+    """The whole model, ``Sequential(stage 0, stage 1)``: ``Linear(d_in, hidden) -> Tanh`` on rank 0, ``Linear(hidden,
+    classes)`` (the loss's stage) on rank 1."""
+    pp = cfg["pp"]
+    with torch.random.fork_rng(devices=[]):  # nn.Linear draws from the global generator: leave it as it was
+        torch.manual_seed(pp["seed"])
+        return nn.Sequential(nn.Sequential(nn.Linear(pp["d_in"], pp["hidden"]), nn.Tanh()),
+                             nn.Sequential(nn.Linear(pp["hidden"], pp["classes"])))
+
+
+def pp_batch(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole batch: inputs ``(batch, d_in)`` and class targets ``(batch,)``, the same on both ranks."""
+    pp = cfg["pp"]
+    g = torch.Generator().manual_seed(pp["seed"] + 1)
+    return torch.randn(pp["batch"], pp["d_in"], generator=g), torch.randint(0, pp["classes"], (pp["batch"],),
+                                                                            generator=g)
 
 
 def _payload_bytes(op: str, bound: dict[str, Any]) -> int:
@@ -70,13 +98,21 @@ def _instrument(events: list[list[Any]]) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
+    inside: list[bool] = []  # a collective another one calls (send calls isend) is not a message of its own
+
     def recording(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(original)
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if inside:
+                return original(*args, **kwargs)
             events.append([op, _payload_bytes(op, signature.bind(*args, **kwargs).arguments)])
-            return original(*args, **kwargs)
+            inside.append(True)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inside.pop()
 
         return wrapper
 
@@ -107,6 +143,20 @@ def _zero(ns: dict[str, Any], cfg: dict[str, Any], rank: int, events: list[list[
     return {"params": flat(params), "state_bytes": moment_bytes(optimizer), "steps": steps}
 
 
+def _pp(ns: dict[str, Any], cfg: dict[str, Any], rank: int, events: list[list[Any]]) -> dict[str, Any]:
+    stage = pp_model(cfg)[rank]
+    x, y = pp_batch(cfg)
+    first = len(events)
+    loss = ns["pipeline_step"](stage, rank, x, y, cfg["pp"]["micro_batches"], cfg["pp"]["hidden"])
+    if rank == 1 and not isinstance(loss, torch.Tensor):
+        raise TypeError(f"pipeline_step returned {type(loss).__name__} on rank 1: return the loss, a tensor")
+    return {"loss": loss.detach().reshape(-1) if rank == 1 else None, "messages": [list(e) for e in events[first:]],
+            "grads": {name: p.grad for name, p in stage.named_parameters()}}
+
+
+SECTIONS = {"zero": ("ReduceScatterAdamW", _zero), "pp": ("pipeline_step", _pp)}
+
+
 def rank_driver(load_cell: Callable[[], dict[str, Any]], rank: int, world_size: int,
                 cfg: dict[str, Any]) -> dict[str, Any]:
     """One rank of exercise 22: instrument, run the cell, join the group, step the learner's optimizer."""
@@ -122,20 +172,25 @@ def rank_driver(load_cell: Callable[[], dict[str, Any]], rank: int, world_size: 
         return {"error": ddp_ranks.exception_record(exc)}
     dist.init_process_group("gloo", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+    record: dict[str, Any] = {}
     try:
-        if "ReduceScatterAdamW" not in ns:
-            raise NameError("the exercise cell does not define ReduceScatterAdamW")
-        return {"zero": _zero(ns, cfg, rank, events)}
-    except BaseException as exc:
-        return {"zero": {"error": ddp_ranks.exception_record(exc)}}
+        for name, (needed, section) in SECTIONS.items():
+            try:
+                if needed not in ns:
+                    raise NameError(f"the exercise cell does not define {needed}")
+                record[name] = section(ns, cfg, rank, events)
+            except BaseException as exc:  # this section's checks report it; the other still runs
+                record[name] = {"error": ddp_ranks.exception_record(exc)}
     finally:
         dist.destroy_process_group()
+    return record
 
 
 def run_exercise(ns: dict[str, Any], cfg: dict[str, Any], *, timeout_s: float = 240.0) -> dict[str, Any]:
     """Run exercise 22's exercise cell on two processes under :func:`rank_driver`; the same job's result is reused.
 
-    Returns ``{"ranks": [record of rank 0, record of rank 1]}``, each ``{"zero": {...}}`` or ``{"error": {...}}``.
+    Returns ``{"ranks": [record of rank 0, record of rank 1]}``, each ``{"zero": {...}, "pp": {...}}`` (a section
+    that raised: ``{"error": {...}}``) or ``{"error": {...}}``.
     """
     source = cell_sources(ns, NAMES)
     result = ddp_ranks.run_ranks(run_exercise, cfg, world_size=WORLD, timeout_s=timeout_s, reuse=True,
@@ -147,10 +202,18 @@ def describe(run: dict[str, Any]) -> str:
     """What each rank did (for the notebook's demo)."""
     lines = []
     for record in run["ranks"]:
-        got = record.get("zero", record)
-        if "error" in got:
-            lines.append(f"rank {record.get('rank')}: raised {got['error']['type']}: {got['error']['message']}")
+        rank = record.get("rank")
+        if "error" in record:
+            lines.append(f"rank {rank}: raised {record['error']['type']}: {record['error']['message']}")
             continue
-        lines.append(f"rank {record['rank']}: {got['params'].numel()} parameters, AdamW moments {got['state_bytes']} "
-                     f"bytes; step 0 sent {got['steps'][0]} ([op, bytes passed in])")
+        for name in SECTIONS:
+            got = record.get(name, {})
+            if "error" in got:
+                lines.append(f"rank {rank} {name:<4}: raised {got['error']['type']}: {got['error']['message']}")
+            elif name == "zero":
+                lines.append(f"rank {rank} zero: {got['params'].numel()} parameters, AdamW moments "
+                             f"{got['state_bytes']} bytes; step 0 sent {got['steps'][0]} ([op, bytes passed in])")
+            else:
+                loss = "" if got["loss"] is None else f"loss {got['loss'].item():.6f}, "
+                lines.append(f"rank {rank} pp  : {loss}messages {got['messages']} ([op, bytes])")
     return "\n".join(lines)

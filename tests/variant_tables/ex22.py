@@ -75,6 +75,36 @@ class ReduceScatterAdamW:
         self.optimizer.step()
 """
 
+def _pipeline(loss: str = "F.cross_entropy(stage(activation), y_mb) / micro_batches",
+              backward_order: str = "zip(received, losses)") -> str:
+    """The solution's pipeline_step with rank 1's loss term or the order of its backwards replaced."""
+    return f"""
+def pipeline_step(stage, rank, x, y, micro_batches, hidden):
+    if rank == 0:
+        outputs = []
+        for x_mb in x.chunk(micro_batches):
+            out = stage(x_mb)
+            dist.send(out.detach(), dst=1)
+            outputs.append(out)
+        for out in outputs:
+            grad = torch.empty_like(out)
+            dist.recv(grad, src=1)
+            out.backward(grad)
+        return None
+    received, losses = [], []
+    for y_mb in y.chunk(micro_batches):
+        activation = torch.empty(len(y_mb), hidden)
+        dist.recv(activation, src=0)
+        activation.requires_grad_()
+        losses.append({loss})
+        received.append(activation)
+    for activation, loss in {backward_order}:
+        loss.backward()
+        dist.send(activation.grad, dst=0)
+    return sum(loss.detach() for loss in losses)
+"""
+
+
 # (what the mistake is, the code appended to the cell, a word from the name of the check that must fail)
 WRONG: list[tuple[str, str, str]] = [
     ("exercise 21's ZeRO-1: gradients all-reduced, then the shards all-gathered (1.5x the bytes)",
@@ -186,6 +216,15 @@ def one_f_one_b(stages, micro_batches, stage):
         order += [("F", i), ("B", i)]
     return order + [("B", i) for i in range(warmup)]
 """, "1F1B order"),
+    ("each micro-batch's mean loss not divided by the number of micro-batches",
+     _pipeline(loss="F.cross_entropy(stage(activation), y_mb)"), "match the unsplit"),
+    ("the gradients sent back last micro-batch first: rank 0 applies them to the wrong micro-batches",
+     _pipeline(backward_order="reversed(list(zip(received, losses)))"), "match the unsplit"),
+    ("the whole batch as one message (no micro-batches)", """
+_solution_pipeline = pipeline_step
+def pipeline_step(stage, rank, x, y, micro_batches, hidden):
+    return _solution_pipeline(stage, rank, x, y, 1, hidden)
+""", "pipeline traffic"),
 ]
 
 # (what differs, the code appended to the cell)
@@ -267,5 +306,31 @@ def one_f_one_b(stages, micro_batches, stage):
             order.append(["B", b])
             b += 1
     return order
+"""),
+    ("the pipeline with isend/irecv and their handles waited for, micro-batches sliced by hand", """
+def pipeline_step(stage, rank, x, y, micro_batches, hidden):
+    size = len(x) // micro_batches
+    pieces = [slice(i * size, (i + 1) * size) for i in range(micro_batches)]
+    if rank == 0:
+        outputs = [stage(x[piece]) for piece in pieces]
+        for out in outputs:
+            dist.isend(out.detach().contiguous(), dst=1).wait()
+        grads = [torch.zeros(size, hidden) for _ in pieces]
+        for grad in grads:
+            dist.irecv(grad, src=1).wait()
+        torch.autograd.backward(outputs, grads)
+        return None
+    total, saved = 0, []
+    for piece in pieces:
+        activation = torch.zeros(size, hidden)
+        dist.irecv(activation, src=0).wait()
+        activation.requires_grad_(True)
+        loss = F.cross_entropy(stage(activation), y[piece], reduction="sum") / len(y)
+        saved.append((activation, loss))
+        total = total + loss.item()
+    for activation, loss in saved:
+        loss.backward()
+        dist.isend(activation.grad, dst=0).wait()
+    return torch.tensor(total)
 """),
 ]

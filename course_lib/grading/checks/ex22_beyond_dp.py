@@ -42,15 +42,20 @@ SCATTERS = ("reduce_scatter_tensor", "reduce_scatter")
 # ------------------------------------------------------------------------------ 22.1-22.2: ZeRO-1, reduce-scatter
 
 
-def _section(ns: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    need(ns, "ReduceScatterAdamW", "define `class ReduceScatterAdamW` with `__init__(self, params, lr, weight_decay)` "
-                                   "and `step(self)` in the exercise cell")
+HOW = {"zero": ("ReduceScatterAdamW", "define `class ReduceScatterAdamW` with `__init__(self, params, lr, "
+                                      "weight_decay)` and `step(self)` in the exercise cell"),
+       "pp": ("pipeline_step", "define `pipeline_step(stage, rank, x, y, micro_batches, hidden)` in the exercise cell")}
+
+
+def _section(ns: dict[str, Any], cfg: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """Every rank's record of one section (the run itself is shared by all checks); raise what the ranks raised."""
+    need(ns, *HOW[name])
     with failed_run_is_a_failed_check("both ranks must reach the same collectives in the same order; run the demo "
                                       "cell to see what each rank did"):
         run = driver.run_exercise(ns, cfg)
     records = []
     for record in run["ranks"]:
-        error = record.get("error") or record.get("zero", {}).get("error")
+        error = record.get("error") or record.get(name, {}).get("error")
         if error is not None:
             if error["type"] == "NotImplementedError" and error["message"].startswith("Exercise"):
                 raise NotImplementedError(error["message"])
@@ -58,13 +63,13 @@ def _section(ns: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]:
                               hint="the exercise cell runs on its own in each process: it must import everything "
                                    "it uses, and both ranks must issue the same collectives",
                               got=error["where"].strip().splitlines()[-3:])
-        records.append(record["zero"])
+        records.append(record[name])
     return records
 
 
-def _ranks(ns: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _ranks(ns: dict[str, Any], name: str = "zero") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     cfg = driver.exercise_config(run_seed(ns))
-    return cfg, observe(ns, _section, cfg)
+    return cfg, observe(ns, _section, cfg, name)
 
 
 def _averaged_adamw(cfg: dict[str, Any]) -> torch.Tensor:
@@ -464,3 +469,59 @@ def pipeline_memory(ns: Any) -> None:
                 hint="start each backward as soon as the stage may: a stage s of p needs only p - s forwards in "
                      "flight before the first backward comes back (GPipe keeps all m)",
                 expected=f"at most {want}", got=peak_in_flight([tuple(op) for op in got]))
+
+
+# ------------------------------------------------------------------------------ 22.10: a two-stage pipeline
+
+
+def _unsplit(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The reference: the whole model, one process, the whole batch (cross-entropy's mean)."""
+    model = driver.pp_model(cfg)
+    x, y = driver.pp_batch(cfg)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    return {"loss": loss.detach().reshape(-1),
+            "grads": [{n: p.grad for n, p in model[rank].named_parameters()} for rank in range(driver.WORLD)]}
+
+
+@check_for("22", "pipeline: the loss and both stages' gradients match the unsplit model", points=2, parts=("22.10",))
+def pipeline_matches_unsplit(ns: Any) -> None:
+    cfg, ranks = _ranks(ns, "pp")
+    want = _unsplit(cfg)
+    m = cfg["pp"]["micro_batches"]
+    hint = (f"rank 1 adds cross_entropy(out, y_mb) / {m} over the micro-batches (the mean of equal micro-batches' "
+            "means is the batch's mean); it sends back the gradient of each received activation (require grad on "
+            "it), and rank 0 calls activation.backward(that gradient) for each of its micro-batches")
+    got_loss = ranks[1]["loss"]
+    if got_loss is None or got_loss.shape != want["loss"].shape or not torch.allclose(got_loss, want["loss"], rtol=0,
+                                                                                         atol=1e-6):
+        raise CheckFailed("the loss rank 1 returned is not the unsplit model's mean loss on the whole batch",
+                          hint=hint, expected=f"{want['loss'].item():.6f}", got=one_line(got_loss))
+    for rank, record in enumerate(ranks):
+        for name, expected in want["grads"][rank].items():
+            got = record["grads"].get(name)
+            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0, atol=1e-6):
+                raise CheckFailed(
+                    f"stage {rank}'s {name} gradient differs from the unsplit model's",
+                    hint=hint, expected=f"{tuple(expected.shape)} within 1e-6",
+                    got="no gradient" if got is None else _gap(got, expected))
+
+
+@check_for("22", "pipeline traffic: per micro-batch one activation forward and one gradient back", points=1,
+           parts=("22.10",))
+def pipeline_messages(ns: Any) -> None:
+    cfg, ranks = _ranks(ns, "pp")
+    pp = cfg["pp"]
+    one = 4 * pp["batch"] // pp["micro_batches"] * pp["hidden"]  # one micro-batch's activation, float32
+    for rank, record in enumerate(ranks):
+        got = record["messages"]
+        sends = [n for op, n in got if op in ("send", "isend")]
+        recvs = [n for op, n in got if op in ("recv", "irecv")]
+        others = [op for op, _ in got if op not in ("send", "isend", "recv", "irecv")]
+        if sends != [one] * pp["micro_batches"] or recvs != [one] * pp["micro_batches"] or others:
+            raise CheckFailed(
+                f"rank {rank} did not send and receive one activation-sized message per micro-batch",
+                hint="rank 0 sends each micro-batch's activation (micro_batch x hidden) to rank 1 and receives its "
+                     "gradient back; rank 1 the mirror image; no collectives: a pipeline talks to its neighbour only",
+                expected=f"{pp['micro_batches']} sends and {pp['micro_batches']} receives of {one} bytes",
+                got=got)
