@@ -416,6 +416,8 @@ def timed_calls(sizes: Sizes, facts: DeviceFacts) -> dict[str, Work]:
         "08 batched inference forward": inference_work(32, throughput_batch(facts)),
         "11 capstone training step (the same SmallCNN step, fp32)": precision_step_work(sizes.precision_width,
                                                                                          sizes.precision_batch),
+        # Lesson 12's prefetcher cell (GPU only) has fixed sizes: a width-64 SmallCNN step on 64 images of 224x224.
+        "12 prefetcher step (fixed sizes)": precision_step_work(64, 64, image_size=224),
     }
 
 
