@@ -41,6 +41,12 @@ NEAR_MISSES = [
             sizes = [sum(len(y) for _, y in group) for group in _groups(loader, microbatches)]
             return dict(out, group_sizes=sizes)
         """, "class-weighted"),
+    ("08", "amp_step does not zero the gradients first (an earlier step's are added in)", """
+        _solution_step = amp_step
+        def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
+            optimizer.zero_grad = lambda set_to_none=True: None
+            return _solution_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm)
+        """, "unscale_"),
     ("15", "a budget met exactly by checkpointing every block is refused (>= instead of >)", """
         _solution_plan = blocks_to_checkpoint
         def blocks_to_checkpoint(plain, checkpointed, budget):

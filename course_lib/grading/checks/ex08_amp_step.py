@@ -73,6 +73,8 @@ def _run(ns: dict[str, Any], seed: int, amp_dtype: str | None, scaler_kwargs: di
     step = need(ns, "amp_step", "define `amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm)`")
     scaler = torch.amp.GradScaler("cpu", **scaler_kwargs)
     model = _Probe(seed)
+    for p in model.parameters():  # left from an earlier step (scaled, as .grad is): "zero the gradients" comes first
+        p.grad = torch.full_like(p, 0.5 * SCALE)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     dtype = getattr(torch, amp_dtype) if amp_dtype else None
     x, y = _batch(seed)
