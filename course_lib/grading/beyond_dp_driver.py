@@ -12,11 +12,14 @@ unfinished part does not hide the other:
   bytes this rank passed in (what :func:`course_lib.parallel.comm.count_collectives` records, so
   :func:`course_lib.parallel.comm.ring_bytes_sent` prices it);
 * ``pp``: rank ``r`` holds stage ``r`` of a two-stage model and calls the learner's ``pipeline_step`` once on the
-  whole batch; it returns the loss (the last stage's), the stage's gradients and every point-to-point message.
+  whole batch; it returns the loss (the last stage's), the stage's gradients and every point-to-point message;
+* ``tp``: the learner's ``tp_attention`` runs this rank's heads of one causal self-attention layer (the course's
+  :class:`~course_lib.models.gpt.CausalSelfAttention`, whole and the same on every rank); it returns the output, the
+  input's and the layer's gradients, and the collectives of forward and of backward.
 
 The grader's own process rebuilds the same tensors (:func:`zero_params`, :func:`local_grads`, :func:`pp_model`,
 :func:`pp_batch`) and recomputes the references: one AdamW stepped with the gradients averaged over the ranks, and
-the unsplit model's loss and gradients on the whole batch.
+the unsplit model's loss and gradients on the whole batch, and the unsplit attention layer's output and gradients.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from course_lib.parallel.comm import PAYLOAD_ARGUMENT
 DRIVER = "course_lib.grading.beyond_dp_driver:rank_driver"
 WORLD = 2
 GLOO_TIMEOUT_S = 45  # a collective the other rank never joins fails after this, instead of hanging
-NAMES = ("ReduceScatterAdamW", "pipeline_step")
+NAMES = ("ReduceScatterAdamW", "pipeline_step", "tp_attention")
 
 
 def exercise_config(seed: int = 0) -> dict[str, Any]:
@@ -50,7 +53,9 @@ def exercise_config(seed: int = 0) -> dict[str, Any]:
     return {"seed": 4000 + s % 9000, "shapes": [[rows, cols], [vec], [numel - rows * cols - vec]], "steps": 3,
             "lr": round(0.01 * (1 + s % 3), 4), "weight_decay": round(0.05 * (1 + s % 4), 4),
             "pp": {"seed": 6000 + s % 9000, "d_in": 3 + s % 5, "hidden": 4 + s % 7, "classes": 2 + s % 4,
-                   "micro_batches": micro_batches, "batch": micro_batches * (2 + s % 2)}}
+                   "micro_batches": micro_batches, "batch": micro_batches * (2 + s % 2)},
+            "tp": {"seed": 8000 + s % 9000, "n_head": 2 * (1 + s % 2), "head_dim": 2 + s % 3, "batch": 2 + s % 2,
+                   "tokens": 3 + s % 4}}
 
 
 def zero_params(cfg: dict[str, Any]) -> list[torch.Tensor]:
@@ -81,6 +86,25 @@ def pp_batch(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(pp["seed"] + 1)
     return torch.randn(pp["batch"], pp["d_in"], generator=g), torch.randint(0, pp["classes"], (pp["batch"],),
                                                                             generator=g)
+
+
+def tp_attention_layer(cfg: dict[str, Any]) -> nn.Module:
+    """The whole causal self-attention layer, the same on every rank (no dropout)."""
+    from course_lib.models.gpt import CausalSelfAttention, GPTConfig
+
+    tp = cfg["tp"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(tp["seed"])
+        return CausalSelfAttention(GPTConfig(n_head=tp["n_head"], n_embd=tp["n_head"] * tp["head_dim"],
+                                             block_size=tp["tokens"], dropout=0.0, bias=True))
+
+
+def tp_input(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's input ``(batch, tokens, n_embd)`` and the weights of the loss ``(output * weights).sum()``."""
+    tp = cfg["tp"]
+    g = torch.Generator().manual_seed(tp["seed"] + 1)
+    shape = (tp["batch"], tp["tokens"], tp["n_head"] * tp["head_dim"])
+    return torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
 
 
 def _payload_bytes(op: str, bound: dict[str, Any]) -> int:
@@ -154,7 +178,19 @@ def _pp(ns: dict[str, Any], cfg: dict[str, Any], rank: int, events: list[list[An
             "grads": {name: p.grad for name, p in stage.named_parameters()}}
 
 
-SECTIONS = {"zero": ("ReduceScatterAdamW", _zero), "pp": ("pipeline_step", _pp)}
+def _tp(ns: dict[str, Any], cfg: dict[str, Any], rank: int, events: list[list[Any]]) -> dict[str, Any]:
+    layer = tp_attention_layer(cfg)
+    x, weights = tp_input(cfg)
+    x.requires_grad_()
+    first = len(events)
+    out = ns["tp_attention"](x, layer, rank, WORLD)
+    middle = len(events)
+    (out * weights).sum().backward()
+    return {"out": out.detach(), "x_grad": x.grad, "grads": {n: p.grad for n, p in layer.named_parameters()},
+            "forward": [list(e) for e in events[first:middle]], "backward": [list(e) for e in events[middle:]]}
+
+
+SECTIONS = {"zero": ("ReduceScatterAdamW", _zero), "pp": ("pipeline_step", _pp), "tp": ("tp_attention", _tp)}
 
 
 def rank_driver(load_cell: Callable[[], dict[str, Any]], rank: int, world_size: int,
@@ -213,6 +249,9 @@ def describe(run: dict[str, Any]) -> str:
             elif name == "zero":
                 lines.append(f"rank {rank} zero: {got['params'].numel()} parameters, AdamW moments "
                              f"{got['state_bytes']} bytes; step 0 sent {got['steps'][0]} ([op, bytes passed in])")
+            elif name == "tp":
+                lines.append(f"rank {rank} tp  : output {tuple(got['out'].shape)}, forward {got['forward']}, "
+                             f"backward {got['backward']}")
             else:
                 loss = "" if got["loss"] is None else f"loss {got['loss'].item():.6f}, "
                 lines.append(f"rank {rank} pp  : {loss}messages {got['messages']} ([op, bytes])")

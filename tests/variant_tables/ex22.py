@@ -105,6 +105,24 @@ def pipeline_step(stage, rank, x, y, micro_batches, hidden):
 """
 
 
+def _attention(qkv_rows: str = "[slice(part * C + rank * width, part * C + (rank + 1) * width) for part in range(3)]",
+               x_line: str = "x = SumInBackward.apply(x)",
+               tail: str = "SumInForward.apply(partial) + attn.proj.bias") -> str:
+    """The solution's tp_attention with the rows of qkv, the input's handling or the last line replaced."""
+    return f"""
+def tp_attention(x, attn, rank, world):
+    B, T, C = x.shape
+    width, heads = C // world, attn.n_head // world
+    mine = {qkv_rows}
+    {x_line}
+    q, k, v = (F.linear(x, attn.qkv.weight[rows], attn.qkv.bias[rows]) for rows in mine)
+    q, k, v = (t.view(B, T, heads, width // heads).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, width)
+    partial = F.linear(y, attn.proj.weight[:, rank * width:(rank + 1) * width])
+    return {tail}
+"""
+
+
 # (what the mistake is, the code appended to the cell, a word from the name of the check that must fail)
 WRONG: list[tuple[str, str, str]] = [
     ("exercise 21's ZeRO-1: gradients all-reduced, then the shards all-gathered (1.5x the bytes)",
@@ -225,6 +243,12 @@ _solution_pipeline = pipeline_step
 def pipeline_step(stage, rank, x, y, micro_batches, hidden):
     return _solution_pipeline(stage, rank, x, y, 1, hidden)
 """, "pipeline traffic"),
+    ("the projection's bias added on every rank, before the sum",
+     _attention(tail="SumInForward.apply(partial + attn.proj.bias)"), "attention: output"),
+    ("q, k and v all read from q's rows of qkv (the offsets C and 2C forgotten)",
+     _attention(qkv_rows="[slice(rank * width, (rank + 1) * width)] * 3"), "attention: output"),
+    ("the input's gradient not summed over the ranks (no SumInBackward)", _attention(x_line="pass"),
+     "attention: output"),
 ]
 
 # (what differs, the code appended to the cell)
@@ -332,5 +356,18 @@ def pipeline_step(stage, rank, x, y, micro_batches, hidden):
         loss.backward()
         dist.isend(activation.grad, dst=0).wait()
     return torch.tensor(total)
+"""),
+    ("attention's heads from a (3, C, C) view of qkv's weight, softmax and the causal mask written out", """
+def tp_attention(x, attn, rank, world):
+    B, T, C = x.shape
+    cols = slice(rank * C // world, (rank + 1) * C // world)
+    weight, bias = attn.qkv.weight.view(3, C, C)[:, cols], attn.qkv.bias.view(3, C)[:, cols]
+    x = SumInBackward.apply(x)
+    heads, size = attn.n_head // world, C // attn.n_head
+    q, k, v = (F.linear(x, weight[i], bias[i]).view(B, T, heads, size).transpose(1, 2) for i in range(3))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(size)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, heads * size)
+    return SumInForward.apply(y @ attn.proj.weight[:, cols].T) + attn.proj.bias
 """),
 ]

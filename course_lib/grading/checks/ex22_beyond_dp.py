@@ -1,5 +1,6 @@
 """Checks for exercise 22: beyond plain data parallelism -- ZeRO-1 with a reduce-scatter, its bytes, ZeRO's memory
-per rank, when data parallelism becomes communication-bound, and pipeline parallelism's bubble and 1F1B's memory.
+per rank, when data parallelism becomes communication-bound, pipeline parallelism (the bubble, 1F1B's memory, a
+two-stage pipeline on two ranks) and tensor parallelism of attention (heads split over the ranks).
 
 ``ReduceScatterAdamW`` runs on two real processes (:mod:`course_lib.grading.beyond_dp_driver`: parameters and each
 rank's own gradients from the run's seed, every collective recorded); the judges recompute one AdamW stepped with the
@@ -44,7 +45,8 @@ SCATTERS = ("reduce_scatter_tensor", "reduce_scatter")
 
 HOW = {"zero": ("ReduceScatterAdamW", "define `class ReduceScatterAdamW` with `__init__(self, params, lr, "
                                       "weight_decay)` and `step(self)` in the exercise cell"),
-       "pp": ("pipeline_step", "define `pipeline_step(stage, rank, x, y, micro_batches, hidden)` in the exercise cell")}
+       "pp": ("pipeline_step", "define `pipeline_step(stage, rank, x, y, micro_batches, hidden)` in the exercise cell"),
+       "tp": ("tp_attention", "define `tp_attention(x, attn, rank, world)` in the exercise cell")}
 
 
 def _section(ns: dict[str, Any], cfg: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -525,3 +527,78 @@ def pipeline_messages(ns: Any) -> None:
                      "gradient back; rank 1 the mirror image; no collectives: a pipeline talks to its neighbour only",
                 expected=f"{pp['micro_batches']} sends and {pp['micro_batches']} receives of {one} bytes",
                 got=got)
+
+
+# ------------------------------------------------------------------------------ 22.11: tensor-parallel attention
+
+TP_TOLERANCE = 1e-5
+
+
+def _unsplit_attention(cfg: dict[str, Any]) -> dict[str, Any]:
+    layer = driver.tp_attention_layer(cfg)
+    x, weights = driver.tp_input(cfg)
+    x.requires_grad_()
+    out = layer(x)
+    (out * weights).sum().backward()
+    return {"out": out.detach(), "x_grad": x.grad, "grads": {n: p.grad for n, p in layer.named_parameters()}}
+
+
+def _heads_share(name: str, grad: torch.Tensor, rank: int) -> torch.Tensor:
+    """The part of the unsplit layer's gradient that reaches rank ``rank``'s heads (zeros elsewhere): its rows of
+    q, k and v in ``qkv``, its columns of ``proj.weight``; ``proj.bias`` whole."""
+    if name == "proj.bias":
+        return grad
+    out = torch.zeros_like(grad)
+    if name == "proj.weight":
+        width = grad.shape[1] // driver.WORLD
+        mine = slice(rank * width, (rank + 1) * width)
+        out[:, mine] = grad[:, mine]
+        return out
+    embd = grad.shape[0] // 3  # qkv: rows of q, then k, then v
+    width = embd // driver.WORLD
+    for part in range(3):
+        mine = slice(part * embd + rank * width, part * embd + (rank + 1) * width)
+        out[mine] = grad[mine]
+    return out
+
+
+@check_for("22", "tensor-parallel attention: output and gradients match the unsplit layer", points=2,
+           parts=("22.11",))
+def tp_attention_matches(ns: Any) -> None:
+    cfg, ranks = _ranks(ns, "tp")
+    want = _unsplit_attention(cfg)
+    hint = ("rank r's heads are columns [r*C/world, (r+1)*C/world) of q, of k and of v: rows of qkv.weight at offsets "
+            "0, C and 2C; attention on those heads alone; their columns of proj.weight give a partial output, "
+            "summed over the ranks (SumInForward), then proj.bias once; SumInBackward on the input")
+    for rank, record in enumerate(ranks):
+        for what, got, expected in (("output", record["out"], want["out"]),
+                                    ("input gradient", record["x_grad"], want["x_grad"])):
+            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
+                                                                                 atol=TP_TOLERANCE):
+                raise CheckFailed(f"rank {rank}: the {what} differs from the unsplit attention layer's", hint=hint,
+                                  expected=f"{tuple(expected.shape)} within {TP_TOLERANCE:g}",
+                                  got="no gradient" if got is None else _gap(got, expected))
+        for name, grad in want["grads"].items():
+            expected, got = _heads_share(name, grad, rank), record["grads"].get(name)
+            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
+                                                                                 atol=TP_TOLERANCE):
+                raise CheckFailed(
+                    f"rank {rank}: attn.{name}'s gradient is not the unsplit layer's on this rank's heads (zeros "
+                    "elsewhere)", hint=hint, expected=f"{tuple(expected.shape)} within {TP_TOLERANCE:g}",
+                    got="no gradient" if got is None else _gap(got, expected))
+
+
+@check_for("22", "tensor-parallel attention: one activation-sized all-reduce in forward, one in backward", points=1,
+           parts=("22.11",))
+def tp_attention_messages(ns: Any) -> None:
+    cfg, ranks = _ranks(ns, "tp")
+    tp = cfg["tp"]
+    nbytes = 4 * tp["batch"] * tp["tokens"] * tp["n_head"] * tp["head_dim"]
+    for rank, record in enumerate(ranks):
+        for direction in ("forward", "backward"):
+            if record[direction] != [["all_reduce", nbytes]]:
+                raise CheckFailed(
+                    f"rank {rank}: the layer's {direction} should send exactly one all-reduce of the activations",
+                    hint="the heads need nothing from each other: only the projection's partial outputs are summed "
+                         "(forward) and the input's partial gradients (backward)",
+                    expected=f"[['all_reduce', {nbytes}]]", got=record[direction])
