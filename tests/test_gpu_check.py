@@ -44,14 +44,18 @@ from course_lib.gpu_check import (
 )
 from course_lib.perf import mfu as mfu_mod
 from course_lib.perf.mfu import (
+    CONTENDERS,
     GPT2_SMALL,
+    RECIPE,
     Contender,
     GPTBenchConfig,
     batch_for_memory,
+    format_rows,
     gpt_flops_per_token,
     mfu,
     non_embedding_params,
     peak_flops,
+    recipe_batch,
     run_gpt_bench,
 )
 
@@ -97,6 +101,25 @@ def test_mfu_arithmetic_from_a_fixed_flop_count() -> None:
 
 def test_batch_for_memory() -> None:
     assert [batch_for_memory(g) for g in (141, 80, 40, 24, 16, 8)] == [16, 16, 8, 4, 2, 1]
+
+
+def test_recipe_batch_fills_the_memory_a_compiled_bf16_step_leaves() -> None:
+    assert [recipe_batch(g) for g in (141, 80, 40, 24, 16)] == [64, 32, 16, 4, 1]
+    assert all(recipe_batch(g) >= batch_for_memory(g) for g in (141, 80, 40, 24))  # the recipe's rows go larger
+
+
+@pytest.mark.slow
+def test_the_recipe_rows_run_at_their_own_batch_and_graphs_are_skipped_off_cuda(one_thread: None) -> None:
+    cfg = _tiny(contenders=(CONTENDERS[0],) + RECIPE)
+    result = run_gpt_bench(cfg, "cpu", log=lambda _: None)
+    rows = {r["contender"]: r for r in result["rows"]}
+    assert [r["contender"] for r in result["rows"]] == ["bf16 + compile", "bf16 + compile, batch for memory"]
+    assert rows["bf16 + compile"]["batch"] == 2 and rows["bf16 + compile, batch for memory"]["batch"] == 4
+    graphs = "bf16 + compile, batch for memory, CUDA graphs"
+    assert result["skipped_contenders"] == {graphs: "CUDA graphs need a CUDA GPU"}
+    table = format_rows(result)
+    assert "| bf16 + compile, batch for memory | bf16 | 4 |" in table and "skipped: CUDA graphs need" in table
+    assert result["best"] in rows
 
 
 def test_bench_config_rejects_bad_values() -> None:

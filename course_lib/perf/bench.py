@@ -625,10 +625,11 @@ def bench_gpt_mfu(sizes: Sizes, log: Callable[[str], None], peak_tflops: float |
     """
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA GPU: tokens/s and MFU are reported on a GPU only"}
-    from course_lib.perf.mfu import GPTBenchConfig, run_gpt_bench
+    from course_lib.perf.mfu import CONTENDERS, RECIPE, GPTBenchConfig, run_gpt_bench
 
     cfg = GPTBenchConfig(model=sizes.gpt_model, warmup_steps=10 if sizes.gpt_model == "gpt2-small" else 2,
-                         timed_steps=sizes.gpt_steps, rounds=min(5, sizes.gpt_steps))
+                         timed_steps=sizes.gpt_steps, rounds=min(5, sizes.gpt_steps),
+                         contenders=CONTENDERS + RECIPE)
     result = run_gpt_bench(cfg, torch.device("cuda"), peak_tflops=peak_tflops, log=log)
     # MFU against what this GPU's matmuls really reach too (lesson 14), beside the datasheet's figure.
     from course_lib.perf.ceiling import PRECISION_DTYPES, cached_ceiling
@@ -727,6 +728,7 @@ def _rows_gpu(d: dict[str, Any]) -> list[str]:
                     f"MFU {mfu_text}; tokens/s vs {d['rows'][0]['contender']} | {_fmt(row['vs_first'])}x | - | "
                     f"{d['peak_source']} |")
     rows += [f"| (d) {name} | error | - | {err} |" for name, err in d.get("failed", {}).items()]
+    rows += [f"| (d) {name} | skipped | - | {why} |" for name, why in d.get("skipped_contenders", {}).items()]
     return rows
 
 

@@ -6,7 +6,11 @@ tokens, and reports tokens/s and MFU for several contenders side by side in one 
 
 * ``bf16 + compile``: bf16 autocast, ``torch.compile`` (Inductor), fused AdamW -- nanoGPT's recipe;
 * ``bf16 eager``: the same without compile (what compile buys);
-* ``fp32 eager``: plain fp32 with TF32 off (what the tensor cores buy).
+* ``fp32 eager``: plain fp32 with TF32 off (what the tensor cores buy);
+* the course's recipe for the hardware's limit, one step a row (:data:`RECIPE`; the benchmark runs them): the
+  compiled bf16 step at the batch the GPU's memory allows (:func:`recipe_batch`: 64 on an H200, where the three
+  rows above run at 16), then the same replayed as CUDA graphs (``mode="reduce-overhead"``). Every row trains
+  with fused AdamW and attention through ``scaled_dot_product_attention`` (flash kernels on the GPU).
 
 On GPUs without bf16 tensor cores (compute capability < 8.0: T4, V100) the low-precision contenders use fp16 with a
 ``GradScaler`` instead. Contenders are interleaved in rounds (A, B, C, B, C, A, ...) so that clock changes and
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -133,15 +138,24 @@ def non_embedding_params(model: TinyGPT) -> int:
 # ------------------------------------------------------------------------------------------------ the run
 @dataclass(frozen=True)
 class Contender:
-    """One way of training the same model: a precision (``"low"`` = bf16, or fp16 without bf16) and compile."""
+    """One way of training the same model: a precision (``"low"`` = bf16, or fp16 without bf16), compile, the batch
+    (``memory_batch``: as large as the device's memory allows, :func:`recipe_batch`; else the run's batch) and the
+    compile mode (``"reduce-overhead"``: Inductor replays the step as CUDA graphs; a CUDA GPU only)."""
 
     name: str
     precision: str  # "low" or "fp32"
     compiled: bool
+    memory_batch: bool = False
+    compile_mode: str | None = None
 
 
 CONTENDERS = (Contender("bf16 + compile", "low", True), Contender("bf16 eager", "low", False),
               Contender("fp32 eager", "fp32", False))
+# The course's recipe, one step a row after the three above: the compiled bf16 step (fused AdamW, attention through
+# SDPA's flash kernels) at the batch the memory allows, then replayed as CUDA graphs.
+RECIPE = (Contender("bf16 + compile, batch for memory", "low", True, memory_batch=True),
+          Contender("bf16 + compile, batch for memory, CUDA graphs", "low", True, memory_batch=True,
+                    compile_mode="reduce-overhead"))
 
 
 @dataclass
@@ -193,6 +207,18 @@ def batch_for_memory(total_gib: float) -> int:
     return min(16, 2 ** (fits.bit_length() - 1))
 
 
+def recipe_batch(total_gib: float, contenders: int = len(CONTENDERS) + len(RECIPE)) -> int:
+    """GPT-2-small sequences per batch for the recipe's compiled bf16 step on a GPU of ``total_gib``.
+
+    About 2 GiB per contender for its weights, gradients and AdamW moments (every contender keeps its copy), about
+    1 GiB per sequence for a compiled bf16 step's activations and logits (flash attention keeps no score matrix),
+    70 % of the memory used, rounded down to a power of two, at most 128: 64 on 141 GB, 32 on 80 GB, 8 on 24 GB.
+    An out-of-memory error halves it for that contender alone.
+    """
+    fits = int(max(1.0, 0.7 * total_gib - 2.0 * contenders))
+    return min(128, 2 ** (fits.bit_length() - 1))
+
+
 def auto_batch(device: torch.device, model: str = "gpt2-small") -> int:
     """:func:`batch_for_memory` of ``device`` for GPT-2 small on CUDA; 8 otherwise (the tiny model, the CPU)."""
     if model != "gpt2-small" or device.type != "cuda":
@@ -219,10 +245,12 @@ class _Runner:
         fused = True if device.type == "cuda" else None  # fused AdamW: one kernel for the whole update
         self.opt = torch.optim.AdamW(groups, lr=6e-4, betas=BETAS, fused=fused)
         loss = LMLoss(self.model)
-        self.loss = torch.compile(loss, backend=backend) if contender.compiled else loss
+        options = {"mode": contender.compile_mode} if contender.compile_mode else {}
+        self.loss = torch.compile(loss, backend=backend, **options) if contender.compiled else loss
         self.amp = low_precision_dtype(device) if contender.precision == "low" else None
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp == torch.float16)
         self.x, self.y = batch
+        self.tokens_per_step = self.x.numel()
         self.last_loss: torch.Tensor | None = None
 
     @property
@@ -232,15 +260,18 @@ class _Runner:
     def steps(self, n: int) -> None:
         # fp32 means fp32: TF32 off, so the fp32 row shows what the tensor cores add.
         strict = matmul_precision("highest") if self.amp is None else contextlib.nullcontext()
+        graphs = self.contender.compile_mode == "reduce-overhead"
         with strict:
             for _ in range(n):
+                if graphs:  # a replay overwrites the last one's outputs: tell the graphs a new step begins
+                    torch.compiler.cudagraph_mark_step_begin()
                 with autocast(self.device, self.amp):
                     loss = self.loss(self.x, self.y)
                 self.scaler.scale(loss).backward()
                 self.scaler.step(self.opt)
                 self.scaler.update()
                 self.opt.zero_grad(set_to_none=True)
-                self.last_loss = loss.detach()
+                self.last_loss = loss.detach().clone() if graphs else loss.detach()
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -251,42 +282,80 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
 
-def _warm_up(cfg: GPTBenchConfig, gpt_cfg: GPTConfig, base: TinyGPT, device: torch.device, batch: int,
-             log: Callable[[str], None]) -> tuple[list[_Runner], dict[str, float], dict[str, str]]:
-    """Build every contender at ``batch`` and run its warm-up steps; a contender that fails is reported, not fatal.
+def memory_batch_size(device: torch.device, batch: int) -> int:
+    """The recipe's batch on ``device``: :func:`recipe_batch` of a CUDA GPU's memory; twice ``batch`` elsewhere (the
+    tiny model on a CPU, so the recipe's rows run in the tests)."""
+    if device.type != "cuda":
+        return 2 * batch
+    return recipe_batch(torch.cuda.get_device_properties(device).total_memory / 2**30)
 
-    Out of memory is re-raised (the caller halves the batch); any other failure (a compile error, say) drops
-    that contender with its reason.
+
+def _warm_up(cfg: GPTBenchConfig, gpt_cfg: GPTConfig, base: TinyGPT, device: torch.device, batch: int,
+             log: Callable[[str], None]
+             ) -> tuple[list[_Runner], dict[str, float], dict[str, str], dict[str, str]]:
+    """Build every contender and run its warm-up steps; a contender that fails is reported, not fatal.
+
+    Contenders at the run's ``batch``: out of memory is re-raised (the caller halves the batch). A recipe contender
+    at the memory's batch halves its own batch on out of memory, down to twice ``batch``. Any other failure (a
+    compile error, say) drops that contender with its reason. Returns runners, warm-up seconds, failures, skips.
     """
     g = torch.Generator().manual_seed(1)
-    shape = (batch, gpt_cfg.block_size)
-    x = torch.randint(0, gpt_cfg.vocab_size, shape, generator=g).to(device)
-    y = torch.randint(0, gpt_cfg.vocab_size, shape, generator=g).to(device)
-    runners, warm_s, failed = [], {}, {}
+    data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def batch_of(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if size not in data:
+            shape = (size, gpt_cfg.block_size)
+            data[size] = (torch.randint(0, gpt_cfg.vocab_size, shape, generator=g).to(device),
+                          torch.randint(0, gpt_cfg.vocab_size, shape, generator=g).to(device))
+        return data[size]
+
+    big = memory_batch_size(device, batch)
+    runners, warm_s, failed, skipped = [], {}, {}, {}
     for contender in cfg.contenders:
-        try:
-            runner = _Runner(contender, base, device, cfg.compile_backend, (x, y))
-            with Timer(device) as t:
-                runner.steps(max(1, cfg.warmup_steps))
-        except Exception as exc:  # compile errors come in many types; one contender must not sink all
-            if _is_oom(exc):
-                raise
-            failed[contender.name] = _error_text(exc)
-            log(f"  {contender.name}: failed: {failed[contender.name]}")
+        if contender.compile_mode == "reduce-overhead" and device.type != "cuda":
+            skipped[contender.name] = "CUDA graphs need a CUDA GPU"
+            continue
+        if contender.memory_batch and big <= batch:
+            skipped[contender.name] = f"the memory allows no batch above {batch}"
+            continue
+        size = big if contender.memory_batch else batch
+        while True:
+            try:
+                runner = _Runner(contender, base, device, cfg.compile_backend, batch_of(size))
+                with Timer(device) as t:
+                    runner.steps(max(1, cfg.warmup_steps))
+                error = None
+            except Exception as exc:  # compile errors come in many types; one contender must not sink all
+                if _is_oom(exc) and not contender.memory_batch:
+                    raise
+                error = _error_text(exc)
+                oom = _is_oom(exc)
+            if error is None or not oom or size // 2 < 2 * batch:
+                break
+            runner = None  # the failed copy's memory goes before the retry
+            data.pop(size, None)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            size //= 2
+            log(f"  {contender.name}: out of memory, retrying with batch {size}")
+        if error is not None:
+            failed[contender.name] = error
+            log(f"  {contender.name}: failed: {error}")
             continue
         runners.append(runner)
         warm_s[contender.name] = t.elapsed
-        log(f"  {contender.name}: {cfg.warmup_steps} warm-up steps in {t.elapsed:.1f} s (batch {batch})")
-    return runners, warm_s, failed
+        log(f"  {contender.name}: {cfg.warmup_steps} warm-up steps in {t.elapsed:.1f} s (batch {size})")
+    return runners, warm_s, failed, skipped
 
 
 def _warm_up_fitting(cfg: GPTBenchConfig, gpt_cfg: GPTConfig, base: TinyGPT, device: torch.device, batch: int,
-                     log: Callable[[str], None]) -> tuple[list[_Runner], dict[str, float], dict[str, str], int]:
+                     log: Callable[[str], None]
+                     ) -> tuple[list[_Runner], dict[str, float], dict[str, str], dict[str, str], int]:
     """:func:`_warm_up` at ``batch``, halved after each out-of-memory error; also returns the batch that fitted."""
     while True:
         try:
-            runners, warm_s, failed = _warm_up(cfg, gpt_cfg, base, device, batch, log)
-            return runners, warm_s, failed, batch
+            runners, warm_s, failed, skipped = _warm_up(cfg, gpt_cfg, base, device, batch, log)
+            return runners, warm_s, failed, skipped, batch
         except Exception as exc:  # anything but out-of-memory is re-raised
             if batch == 1 or not _is_oom(exc):
                 raise
@@ -315,15 +384,16 @@ def _timed_rounds(runners: list[_Runner], cfg: GPTBenchConfig, device: torch.dev
 
 
 def _result_rows(runners: list[_Runner], times: dict[str, list[float]], warm_s: dict[str, float], *,
-                 tokens_per_round: int, fpt: float, peak: Callable[[str], float | None]) -> list[dict[str, Any]]:
+                 steps_per_round: int, fpt: float, peak: Callable[[str], float | None]) -> list[dict[str, Any]]:
     """One row per contender: tokens/s (median and per round), MFU, final loss, and ratios to the first."""
     rows = []
     for r in runners:
-        tps = [tokens_per_round / s for s in times[r.contender.name]]
+        tps = [r.tokens_per_step * steps_per_round / s for s in times[r.contender.name]]
         prec = r.precision_name
         peak_of_prec = peak(prec)
         rows.append({
             "contender": r.contender.name, "precision": prec, "compiled": r.contender.compiled,
+            "batch": int(r.x.shape[0]),
             "tokens_per_s": statistics.median(tps), "tokens_per_s_rounds": tps, "peak_flops": peak_of_prec,
             "mfu": mfu(statistics.median(tps), fpt, peak_of_prec),
             "final_loss": float(r.last_loss) if r.last_loss is not None else float("nan"),
@@ -354,23 +424,23 @@ def run_gpt_bench(cfg: GPTBenchConfig, device: torch.device | str, *, peak_tflop
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     batch = cfg.batch or auto_batch(device, cfg.model)
     t_start = clock.now()
-    runners, warm_s, failed, batch = _warm_up_fitting(cfg, gpt_cfg, base, device, batch, log)
+    runners, warm_s, failed, skipped, batch = _warm_up_fitting(cfg, gpt_cfg, base, device, batch, log)
     if not runners:
         raise RuntimeError("every contender failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
     per_round = max(1, cfg.timed_steps // cfg.rounds)
-    tokens_per_round = per_round * batch * gpt_cfg.block_size
     times = _timed_rounds(runners, cfg, device, per_round, log=log, t_start=t_start)
-    rows = _result_rows(runners, times, warm_s, tokens_per_round=tokens_per_round, fpt=fpt,
+    rows = _result_rows(runners, times, warm_s, steps_per_round=per_round, fpt=fpt,
                         peak=lambda prec: peak_flops(name, peak_tflops, prec))
     head = rows[0]
-    for r in runners:
-        log(f"  {r.contender.name}: " + ", ".join(f"{t:,.0f}" for t in
-                                                  [tokens_per_round / s for s in times[r.contender.name]])
+    for row in rows:
+        log(f"  {row['contender']}: " + ", ".join(f"{t:,.0f}" for t in row["tokens_per_s_rounds"])
             + " tokens/s per round")
+    best = max(rows, key=lambda row: row["tokens_per_s"] * fpt / (row["peak_flops"] or math.inf))
     result = {
         "gpu": name, "model": cfg.model, "n_params_non_embedding": n_params,
         "n_params_total": sum(p.numel() for p in base.parameters()), "batch": batch, "seq_len": gpt_cfg.block_size,
-        "flops_per_token": fpt, "rows": rows, "failed": failed, "rounds": len(times[runners[0].contender.name]),
+        "flops_per_token": fpt, "rows": rows, "failed": failed, "skipped_contenders": skipped,
+        "rounds": len(times[runners[0].contender.name]), "best": best["contender"],
         "steps_per_round": per_round, "warmup_steps": cfg.warmup_steps, "seconds": clock.now() - t_start,
         "peak_source": ("--peak-tflops" if peak_tflops else "datasheet table" if head["peak_flops"] else
                         "unknown GPU: pass --peak-tflops (its dense bf16/fp16 peak) for MFU"),
@@ -399,21 +469,23 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def format_rows(result: dict[str, Any]) -> str:
     """The GPU section as a Markdown table: one row per contender."""
-    lines = ["| contender | precision | tokens/s | MFU (datasheet) | datasheet peak | MFU (measured peak) | vs first |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| contender | precision | batch | tokens/s | MFU (datasheet) | datasheet peak | MFU (measured peak) "
+             "| vs first |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         m = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
         peak = f"{row['peak_flops'] / 1e12:g} TFLOP/s" if row["peak_flops"] else "unknown"
         # Against the best matmul this GPU reached in its own sweep (course_lib.perf.ceiling), where measured.
         measured = f"{row['mfu_measured']:.1%}" if row.get("mfu_measured") is not None else "-"
-        lines.append(f"| {row['contender']} | {row['precision']} | {row['tokens_per_s']:,.0f} | {m} | {peak} | "
-                     f"{measured} | {row['vs_first']:.2f}x |")
+        lines.append(f"| {row['contender']} | {row['precision']} | {row.get('batch', result['batch'])} | "
+                     f"{row['tokens_per_s']:,.0f} | {m} | {peak} | {measured} | {row['vs_first']:.2f}x |")
+    lines += [f"| {name} | skipped: {why} | | | | | | |" for name, why in result.get("skipped_contenders", {}).items()]
     return "\n".join(lines)
 
 
 __all__ = [
-    "GPU_PEAK_TFLOPS", "GPT2_SMALL", "Contender", "CONTENDERS", "GPTBenchConfig", "LMLoss", "auto_batch",
-    "batch_for_memory",
+    "GPU_PEAK_TFLOPS", "GPT2_SMALL", "Contender", "CONTENDERS", "GPTBenchConfig", "LMLoss", "RECIPE", "auto_batch",
+    "batch_for_memory", "memory_batch_size", "recipe_batch",
     "format_rows", "gpt_flops_per_token", "low_precision_dtype", "mfu", "non_embedding_params", "peak_flops",
     "run_gpt_bench", "verdicts",
 ]
