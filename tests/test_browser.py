@@ -83,6 +83,15 @@ TORCHRUN_NOTEBOOK = {**FIXTURE_NOTEBOOK, "cells": [
     _code("%%torchrun -n 2 --timeout 120\nimport time\ntime.sleep(8)\nprint('cell done', flush=True)"),
 ]}
 
+# A measurement that prints nothing for a long while (lesson 05's precision cell did, for minutes): the set-up cell's
+# watch shows a status line (here after 1 s of silence instead of 10, to keep the test short).
+SILENT_NOTEBOOK = {**FIXTURE_NOTEBOOK, "cells": [
+    _code("from course_lib import bootstrap, heartbeat\n\nheartbeat.SILENT_S = 1.0\nbootstrap.watch_long_cells()"),
+    _code("import time\n\nfrom course_lib.perf.compare import compare\n\n"
+          "compare({'a': lambda: time.sleep(0.5), 'b': lambda: time.sleep(0.5)}, rounds=6, warmup=1, "
+          "min_round_s=0.0)\nprint('MEASURED')"),
+]}
+
 
 def _lesson_notebooks() -> list[Path]:
     return sorted(p for pattern in LESSON_PATTERNS for p in (REPO / "notebooks").glob(pattern))
@@ -103,6 +112,7 @@ def served_root(tmp_path_factory) -> Path:
     (root / "question.ipynb").write_text(json.dumps(QUESTION_NOTEBOOK))
     (root / "two_questions.ipynb").write_text(json.dumps(TWO_QUESTIONS_NOTEBOOK))
     (root / "torchrun.ipynb").write_text(json.dumps(TORCHRUN_NOTEBOOK))
+    (root / "silent.ipynb").write_text(json.dumps(SILENT_NOTEBOOK))
     (root / "set_up_then_question.ipynb").write_text(json.dumps(SET_UP_THEN_QUESTION_NOTEBOOK))
     if (REPO / "notebooks").is_dir():
         shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
@@ -744,6 +754,21 @@ def test_a_torchrun_cell_shows_a_line_while_it_starts(page, lab_server):
     text = outputs_text(page)
     assert text.index("[rank0]: started: running the cell") < text.index("[rank0]: cell done"), text
     print(f"time to the torchrun cell's first line in the browser: {first_line_s:.1f} s")
+
+
+def test_a_long_silent_measurement_shows_how_far_it_got(page, lab_server):
+    """Seen: lesson 05's bf16 cell showed an empty output for about 114 s. A silent cell now shows one line, kept
+    current: its time so far and the measurement's rounds done, then how long it took."""
+    open_notebook(page, lab_server, "silent.ipynb")
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    page.wait_for_function(SHOWN_IN_OUTPUTS, arg="rounds done, about", timeout=60_000)
+    text = outputs_text(page)
+    assert "Still running" in text and "timing a vs b" in text and "MEASURED" not in text, text
+    shot(page.locator(".jp-NotebookPanel"), "silent-cell-status")
+    page.wait_for_function(SHOWN_IN_OUTPUTS, arg="MEASURED", timeout=120_000)
+    page.wait_for_function(SHOWN_IN_OUTPUTS, arg="Finished after", timeout=30_000)
+    assert "Still running" not in outputs_text(page), "the line should say how long the cell took once it ended"
 
 
 def test_the_stale_note_step_brings_a_question_back_on_a_new_kernel(page, lab_server):
