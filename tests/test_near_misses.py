@@ -47,6 +47,31 @@ NEAR_MISSES = [
             optimizer.zero_grad = lambda set_to_none=True: None
             return _solution_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm)
         """, "unscale_"),
+    ("18", "three rounds decide nothing (fewer than 4 instead of fewer than 3)", """
+        _solution_verdict = verdict
+        def verdict(a_times, b_times, band=0.05):
+            outcome, ratio = _solution_verdict(a_times, b_times, band)
+            return ("too_close" if len(a_times) < 4 else outcome), ratio
+        """, "decided only"),
+    ("18", "a ratio exactly 1 + band is not decided (> instead of >=)", """
+        _solution_verdict = verdict
+        def verdict(a_times, b_times, band=0.05):
+            outcome, ratio = _solution_verdict(a_times, b_times, band)
+            return ("too_close" if ratio == 1 + band else outcome), ratio
+        """, "decided only"),
+    ("18", "the per-round times of b taken for the per-round ratios b/a", """
+        def verdict(a_times, b_times, band=0.05):
+            ratio = statistics.median(b_times) / statistics.median(a_times)
+            if len(a_times) < 3:
+                return "too_close", ratio
+            low, _, high = statistics.quantiles(b_times, n=4, method="inclusive") if len(a_times) >= 4 else (
+                min(b_times), 0, max(b_times))
+            if ratio >= 1 + band and low > 1:
+                return "faster", ratio
+            if ratio <= 1 / (1 + band) and high < 1:
+                return "slower", ratio
+            return "too_close", ratio
+        """, "decided only"),
     ("15", "a budget met exactly by checkpointing every block is refused (>= instead of >)", """
         _solution_plan = blocks_to_checkpoint
         def blocks_to_checkpoint(plain, checkpointed, budget):

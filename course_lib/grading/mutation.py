@@ -193,8 +193,44 @@ def mutants(nb: dict[str, Any]) -> list[Mutant]:
 
 
 # ---------------------------------------------------------------- the mutants the checks cannot kill, and why
-# (exercise, before, after) -> why the mutant computes what the solution computes.
-EQUIVALENT: dict[tuple[str, str, str], str] = {
+# (exercise, [the solution's line,] before, after) -> why the mutant computes what the solution computes.
+_NON_BLOCKING = ("non_blocking only lets a copy from pinned memory to a GPU return before it finishes; the values "
+                 "copied are the same, and the grader runs on the CPU")
+_ON_THE_CPU = "the grader runs on the CPU, where device=device names the default device"
+_EXACT_COUNT = ("a count of at most a few thousand targets is exact in int32 as in int64; both add to the same "
+                "Python int")
+EQUIVALENT: dict[tuple[str, ...], str] = {
+    ("08", "x, y = (t.to(device, non_blocking=True) for t in batch)", "True", "False"): _NON_BLOCKING,
+    ("08", "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)", "True", "False"): _NON_BLOCKING,
+    ("08", "optimizer.zero_grad(set_to_none=True)", "True", "False"):
+        "every parameter gets a gradient in every step, so gradients zeroed in place and gradients set to None give "
+        "the same next gradients and the same step",
+    ("07", "optimizer.zero_grad(set_to_none=True)", "True", "False"):
+        "every parameter gets a gradient in every group, so gradients zeroed in place and gradients set to None give "
+        "the same next gradients and the same step",
+    ("09", "torch.zeros((), dtype=torch.float64, device=device)", "torch.zeros((), dtype=torch.float64)"): _ON_THE_CPU,
+    ("09", "torch.zeros((), dtype=torch.long, device=device)", "torch.zeros((), dtype=torch.long)"): _ON_THE_CPU,
+    ("09", "torch.long", "torch.int"): _EXACT_COUNT,
+    ("09", "correct = torch.zeros((), dtype=torch.long, device=device)"): _EXACT_COUNT + " (float32 too, up to 2**24)",
+    ("09", "count = torch.zeros((), dtype=torch.long, device=device)"): _EXACT_COUNT + " (float32 too, up to 2**24)",
+    ("09", "loss_sum = torch.zeros((), dtype=torch.float64, device=device)"):
+        "the task sets no precision for the running sum (float64 is the solution's choice): float32 sums of the "
+        "check's few hundred per-target losses agree to about 1e-7 relative, inside the check's tolerance; on the "
+        "CPU device=device is the default device",
+    ("09", "logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)  # text batches too"):
+        "the task's model gives (batch, classes) logits, where shape[1] is shape[-1]: the reshape is the solution's "
+        "own generality (text batches), not a requirement",
+    ("09", "correct += ((logits.argmax(-1) == y) & keep).sum()"):
+        "after the reshape the logits are (rows, classes): argmax(1) is argmax(-1)",
+    ("20", "size = torch.finfo(getattr(torch, dtype)).bits // 8"):
+        "bits / 8 is the same number as bits // 8, and bits // 7 gives 4 and 2 for the only dtypes the task names "
+        "(float32, bfloat16), as // 8 does",
+    ("20", "state = 2 * params * size + 4 * 2 * len(layers)  # two moments; a float32 step per weight and per bias"):
+        "AdamW's step counters (a float32 scalar per parameter tensor) are few-byte scalars the task allows leaving "
+        "out: every change to that term stays inside the check's 1% tolerance",
+    ("20", "activations = saved * size + batch * 8 + size  # + the int64 targets and the 0-dim total_weight"):
+        "the 0-dim total_weight is a scalar the task allows leaving out, and +-batch bytes on the int64 targets stay "
+        "under 1% of activations that are at least 108 * batch bytes",
     ("19", "zip(widths[:-1], widths[1:])", "zip(widths[1:], widths[:-1])"):
         "each layer's count 2*N*a*b is symmetric in a and b, and which layer is first is read from enumerate, "
         "not from the widths",
@@ -202,7 +238,13 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
 
 
 def equivalence(number: str, mutant: Mutant) -> str:
-    return EQUIVALENT.get((number, mutant.before, mutant.after), "")
+    """Why ``mutant`` (a survivor) computes what the solution does, or ''. A reason keyed by the solution's line
+    alone covers every survivor on that line."""
+    for key in ((number, mutant.where, mutant.before, mutant.after), (number, mutant.before, mutant.after),
+                (number, mutant.where)):
+        if key in EQUIVALENT:
+            return EQUIVALENT[key]
+    return ""
 
 
 # ---------------------------------------------------------------- judging a mutant
@@ -317,6 +359,16 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
             "rate": killed / live if live else 1.0}
 
 
+def refresh(results: dict[str, dict[str, Any]]) -> None:
+    """Give every stored survivor the reason :data:`EQUIVALENT` holds for it now (reasons are added after a run)."""
+    for number, result in results.items():
+        by_name = {m.describe(): m for m in mutants(notebook.read(solution_path(number)))}
+        for outcome in result["outcomes"]:
+            mutant = by_name.get(outcome["mutant"])
+            if mutant is not None and outcome["status"] == "survived":
+                outcome["where"], outcome["equivalent"] = mutant.where, equivalence(number, mutant)
+
+
 def render(results: dict[str, dict[str, Any]]) -> str:
     """docs/mutation.md from every exercise's result."""
     lines = [
@@ -360,7 +412,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
                         help="seconds one mutant may take before it counts as killed (default 120)")
     parser.add_argument("--seed", type=int, default=1234, help="the grading run's seed every mutant is judged with")
+    parser.add_argument("--report-only", action="store_true",
+                        help=f"judge nothing: write {REPORT.name} again from the stored results and today's reasons")
     args = parser.parse_args(argv)
+    if args.report_only:
+        if not RESULTS.exists():
+            parser.error(f"--report-only: {RESULTS.relative_to(REPO)} does not exist yet; run without it first")
+        results = json.loads(RESULTS.read_text())
+        refresh(results)
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        REPORT.write_text(render(results))
+        print(f"report: {REPORT.relative_to(REPO)}")
+        return 0
     if args.timeout <= 0:
         parser.error(f"--timeout {args.timeout:g}: a mutant needs a positive number of seconds")
     numbers = args.exercise or sorted(p.name[:2] for p in SOLUTIONS.glob("[0-9][0-9]_*.ipynb"))
@@ -369,14 +432,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             solution_path(number)
         except ValueError as exc:
             parser.error(str(exc))
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for number in numbers:
-        results[number] = run_exercise(number, args.seed, args.timeout)
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")  # after each exercise: an interrupted run keeps it
+        result = run_exercise(number, args.seed, args.timeout)
+        # Read again before writing, after each exercise: runs of other exercises may have finished meanwhile, and an
+        # interrupted run keeps what it measured.
+        results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        results[number] = result
+        refresh(results)
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         REPORT.write_text(render(results))
         s = summary(results[number])
         print(f"exercise {number}: {s['made']} mutants, {s['killed']} killed, {s['equivalent']} equivalent, "
               f"{s['survived']} survived: {s['rate']:.1%} of the non-equivalent killed")
+    results = json.loads(RESULTS.read_text())
     below = [n for n in numbers if summary(results[n])["rate"] < TARGET]
     print(f"report: {REPORT.relative_to(REPO)}" + (f"; below {TARGET:.0%}: {', '.join(below)}" if below else ""))
     return 1 if below else 0

@@ -120,6 +120,17 @@ def _case(rng: random.Random, n: int, speed: float, flips: int = 0, hiccup: floa
     return a, b
 
 
+def _scaled(case: tuple[list, list], factor: float) -> tuple[list, list]:
+    return [round(x * factor, 9) for x in case[0]], [round(x * factor, 9) for x in case[1]]
+
+
+def _equal_rounds(rng: random.Random, speed: float) -> tuple[list, list]:
+    """Five rounds, two of them a tie: the middle half of the per-round ratios has 1.0 exactly at one end."""
+    a = [round(1.0 + rng.random() * 0.2, 6) for _ in range(5)]
+    b = [x if i < 2 else round(x * speed, 6) for i, x in enumerate(a)]
+    return a, b
+
+
 def _verdict_cases(seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed * 7919 + 1)
     fast = 1.6 + rng.random()
@@ -132,6 +143,17 @@ def _verdict_cases(seed: int) -> list[dict[str, Any]]:
         _case(rng, 7, 1.3, hiccup=6.0),          # a hiccup: the mean says slower, the medians faster
         _case(rng, 2, 3.0),                      # two rounds: too few to decide
         _case(rng, 4, 0.5, flips=1),             # four rounds, one disagrees
+        # Near misses, each separating the rule from a rule one step away:
+        _case(rng, 3, fast),                     # three rounds are enough to decide
+        _case(rng, 3, fast, flips=1),            # three rounds: the interval is min..max, and they disagree
+        _case(rng, 3, 1 / fast, flips=1),
+        _case(rng, 5, 0.98, jitter=0.02),        # consistent but inside the band, below 1
+        _case(rng, 5, 1 / 1.5, flips=2),         # slower in the medians, but the rounds do not agree
+        _scaled(_case(rng, 5, fast), 0.01),      # milliseconds: b's times are below 1, the ratios b/a above
+        _equal_rounds(rng, 1.5),                 # the middle half of the ratios starts exactly at 1: not decided
+        _equal_rounds(rng, 1 / 1.5),             # ... ends exactly at 1
+        ([2.0, 1.9, 2.05, 2.0, 2.1], [2.1, 1.995, 2.15, 2.1, 2.2]),  # ratio exactly 1 + band: faster
+        ([2.1, 2.0, 2.2, 2.1, 2.3], [2.0, 1.9, 2.09, 2.0, 2.19]),   # ratio exactly 1 / (1 + band): slower
     ]
     rng.shuffle(cases)
     return [{"a": a, "b": b, "band": 0.05} for a, b in cases] + [
