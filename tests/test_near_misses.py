@@ -34,6 +34,23 @@ NEAR_MISSES = [
                 sizes.append(count)
             return {"loss": total_loss / total_count, "steps": len(sizes), "group_sizes": sizes}
         """, "big batch"),
+    ("07", "a group's target count guarded at 2 (a group with one real target halves its gradient)", """
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            total_loss, total_count, sizes = 0.0, 0, []
+            for group in _groups(loader, microbatches):
+                count = sum(int((y != IGNORE).sum()) for _, y in group)
+                for x, y in group:
+                    loss_sum = F.cross_entropy(model(x), y, ignore_index=IGNORE, reduction="sum")
+                    (loss_sum / max(count, 2)).backward()
+                    total_loss += loss_sum.item()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total_count += count
+                sizes.append(count)
+            return {"loss": total_loss / total_count, "steps": len(sizes), "group_sizes": sizes}
+        """, "big batch"),
     ("07", "class-weighted: group_sizes counts the ignored targets", """
         _solution_weighted = train_accumulated_weighted
         def train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4):

@@ -44,7 +44,8 @@ def _data(seed: int, n: int) -> TensorDataset:
 
     How many per group follows the seed's base-3 digits, so neighbouring seeds always differ in the first group's
     count and group_sizes recorded in another run seldom fit this one; where is drawn afresh in every run. A
-    group's first sample always keeps its target (a group without one has no mean to take).
+    group's first sample always keeps its target (a group without one has no mean to take), and the last group keeps
+    only that one: a mean over a single target, where a guard like ``max(count, 2)`` gives another answer.
     """
     g = torch.Generator().manual_seed(9 + seed)  # inputs differ in every grading run
     y = torch.randint(0, CLASSES, (n,), generator=g)
@@ -52,6 +53,7 @@ def _data(seed: int, n: int) -> TensorDataset:
     for index, start in enumerate(range(0, n, group)):
         maybe = torch.arange(start + 1, min(start + group, n))
         y[maybe[torch.randperm(len(maybe), generator=g)[: 1 + seed // 3**index % 3]]] = -100
+    y[(n - 1) // group * group + 1:] = -100
     return TensorDataset(torch.randn(n, 6, generator=g), y)
 
 
