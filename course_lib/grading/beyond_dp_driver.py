@@ -15,7 +15,9 @@ unfinished part does not hide the other:
   whole batch; it returns the loss (the last stage's), the stage's gradients and every point-to-point message;
 * ``tp``: the learner's ``tp_attention`` runs this rank's heads of one causal self-attention layer (the course's
   :class:`~course_lib.models.gpt.CausalSelfAttention`, whole and the same on every rank); it returns the output, the
-  input's and the layer's gradients, and the collectives of forward and of backward.
+  input's and the layer's gradients, and the collectives of forward and of backward;
+* ``sp``: the learner's ``sp_mlp`` runs an MLP block with sequence parallelism: each rank holds its slice of the
+  tokens; it returns this rank's output slice, the gradients and the collectives of forward and of backward.
 
 The grader's own process rebuilds the same tensors (:func:`zero_params`, :func:`local_grads`, :func:`pp_model`,
 :func:`pp_batch`) and recomputes the references: one AdamW stepped with the gradients averaged over the ranks, and
@@ -40,7 +42,7 @@ from course_lib.parallel.comm import PAYLOAD_ARGUMENT
 DRIVER = "course_lib.grading.beyond_dp_driver:rank_driver"
 WORLD = 2
 GLOO_TIMEOUT_S = 45  # a collective the other rank never joins fails after this, instead of hanging
-NAMES = ("ReduceScatterAdamW", "pipeline_step", "tp_attention")
+NAMES = ("ReduceScatterAdamW", "pipeline_step", "tp_attention", "sp_mlp")
 
 
 def exercise_config(seed: int = 0) -> dict[str, Any]:
@@ -55,7 +57,8 @@ def exercise_config(seed: int = 0) -> dict[str, Any]:
             "pp": {"seed": 6000 + s % 9000, "d_in": 3 + s % 5, "hidden": 4 + s % 7, "classes": 2 + s % 4,
                    "micro_batches": micro_batches, "batch": micro_batches * (2 + s % 2)},
             "tp": {"seed": 8000 + s % 9000, "n_head": 2 * (1 + s % 2), "head_dim": 2 + s % 3, "batch": 2 + s % 2,
-                   "tokens": 3 + s % 4}}
+                   "tokens": 3 + s % 4},
+            "sp": {"seed": 9000 + s % 9000, "d": 3 + s % 5, "batch": 1 + s % 3, "tokens": WORLD * (2 + s % 3)}}
 
 
 def zero_params(cfg: dict[str, Any]) -> list[torch.Tensor]:
@@ -105,6 +108,28 @@ def tp_input(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(tp["seed"] + 1)
     shape = (tp["batch"], tp["tokens"], tp["n_head"] * tp["head_dim"])
     return torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
+
+
+def sp_block(cfg: dict[str, Any]) -> nn.Sequential:
+    """The whole MLP block ``Linear(d, 4d) -> GELU -> Linear(4d, d)``, the same on every rank."""
+    d = cfg["sp"]["d"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg["sp"]["seed"])
+        return nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+
+def sp_input(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole sequence ``(batch, tokens, d)`` and the loss's weights; rank ``r`` holds tokens
+    ``[r * tokens / world, (r + 1) * tokens / world)`` of both."""
+    sp = cfg["sp"]
+    g = torch.Generator().manual_seed(sp["seed"] + 1)
+    shape = (sp["batch"], sp["tokens"], sp["d"])
+    return torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
+
+
+def token_slice(cfg: dict[str, Any], rank: int) -> slice:
+    width = cfg["sp"]["tokens"] // WORLD
+    return slice(rank * width, (rank + 1) * width)
 
 
 def _payload_bytes(op: str, bound: dict[str, Any]) -> int:
@@ -190,7 +215,21 @@ def _tp(ns: dict[str, Any], cfg: dict[str, Any], rank: int, events: list[list[An
             "forward": [list(e) for e in events[first:middle]], "backward": [list(e) for e in events[middle:]]}
 
 
-SECTIONS = {"zero": ("ReduceScatterAdamW", _zero), "pp": ("pipeline_step", _pp), "tp": ("tp_attention", _tp)}
+def _sp(ns: dict[str, Any], cfg: dict[str, Any], rank: int, events: list[list[Any]]) -> dict[str, Any]:
+    block = sp_block(cfg)
+    x, weights = sp_input(cfg)
+    mine = token_slice(cfg, rank)
+    x_shard = x[:, mine].clone().requires_grad_()
+    first = len(events)
+    out = ns["sp_mlp"](x_shard, block, rank, WORLD)
+    middle = len(events)
+    (out * weights[:, mine]).sum().backward()
+    return {"out": out.detach(), "x_grad": x_shard.grad, "grads": {n: p.grad for n, p in block.named_parameters()},
+            "forward": [list(e) for e in events[first:middle]], "backward": [list(e) for e in events[middle:]]}
+
+
+SECTIONS = {"zero": ("ReduceScatterAdamW", _zero), "pp": ("pipeline_step", _pp), "tp": ("tp_attention", _tp),
+            "sp": ("sp_mlp", _sp)}
 
 
 def rank_driver(load_cell: Callable[[], dict[str, Any]], rank: int, world_size: int,
@@ -249,8 +288,8 @@ def describe(run: dict[str, Any]) -> str:
             elif name == "zero":
                 lines.append(f"rank {rank} zero: {got['params'].numel()} parameters, AdamW moments "
                              f"{got['state_bytes']} bytes; step 0 sent {got['steps'][0]} ([op, bytes passed in])")
-            elif name == "tp":
-                lines.append(f"rank {rank} tp  : output {tuple(got['out'].shape)}, forward {got['forward']}, "
+            elif name in ("tp", "sp"):
+                lines.append(f"rank {rank} {name}  : output {tuple(got['out'].shape)}, forward {got['forward']}, "
                              f"backward {got['backward']}")
             else:
                 loss = "" if got["loss"] is None else f"loss {got['loss'].item():.6f}, "

@@ -249,6 +249,20 @@ def pipeline_step(stage, rank, x, y, micro_batches, hidden):
      _attention(qkv_rows="[slice(rank * width, (rank + 1) * width)] * 3"), "attention: output"),
     ("the input's gradient not summed over the ranks (no SumInBackward)", _attention(x_line="pass"),
      "attention: output"),
+    ("the sequence-parallel block's bias added on every rank before the reduce-scatter", """
+def sp_mlp(x_shard, block, rank, world):
+    fc, act, proj = block
+    mine = slice(rank * fc.out_features // world, (rank + 1) * fc.out_features // world)
+    hidden = act(F.linear(GatherTokens.apply(x_shard), fc.weight[mine], fc.bias[mine]))
+    return ScatterTokens.apply(F.linear(hidden, proj.weight[:, mine], proj.bias))
+""", "sequence parallelism: this rank"),
+    ("an all-reduce, then this rank's slice, in place of the reduce-scatter (right numbers, twice the bytes)", """
+def scatter_tokens(full):
+    total = full.contiguous().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    width = full.shape[1] // dist.get_world_size()
+    return total[:, dist.get_rank() * width:(dist.get_rank() + 1) * width].contiguous()
+""", "all-gather and a reduce-scatter"),
 ]
 
 # (what differs, the code appended to the cell)
@@ -369,5 +383,18 @@ def tp_attention(x, attn, rank, world):
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, heads * size)
     return SumInForward.apply(y @ attn.proj.weight[:, cols].T) + attn.proj.bias
+"""),
+    ("sequence parallelism with the list forms: all_gather into a list, reduce_scatter of chunks along dim 1", """
+def gather_tokens(shard):
+    pieces = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
+    dist.all_gather(pieces, shard.contiguous())
+    return torch.cat(pieces, dim=1)
+
+
+def scatter_tokens(full):
+    chunks = [c.contiguous() for c in full.chunk(dist.get_world_size(), dim=1)]
+    out = torch.empty_like(chunks[0])
+    dist.reduce_scatter(out, chunks, op=dist.ReduceOp.SUM)
+    return out
 """),
 ]

@@ -1,6 +1,7 @@
 """Checks for exercise 22: beyond plain data parallelism -- ZeRO-1 with a reduce-scatter, its bytes, ZeRO's memory
 per rank, when data parallelism becomes communication-bound, pipeline parallelism (the bubble, 1F1B's memory, a
-two-stage pipeline on two ranks) and tensor parallelism of attention (heads split over the ranks).
+two-stage pipeline on two ranks), tensor parallelism of attention (heads split over the ranks) and sequence
+parallelism (an all-gather and a reduce-scatter in place of the all-reduce).
 
 ``ReduceScatterAdamW`` runs on two real processes (:mod:`course_lib.grading.beyond_dp_driver`: parameters and each
 rank's own gradients from the run's seed, every collective recorded); the judges recompute one AdamW stepped with the
@@ -46,7 +47,8 @@ SCATTERS = ("reduce_scatter_tensor", "reduce_scatter")
 HOW = {"zero": ("ReduceScatterAdamW", "define `class ReduceScatterAdamW` with `__init__(self, params, lr, "
                                       "weight_decay)` and `step(self)` in the exercise cell"),
        "pp": ("pipeline_step", "define `pipeline_step(stage, rank, x, y, micro_batches, hidden)` in the exercise cell"),
-       "tp": ("tp_attention", "define `tp_attention(x, attn, rank, world)` in the exercise cell")}
+       "tp": ("tp_attention", "define `tp_attention(x, attn, rank, world)` in the exercise cell"),
+       "sp": ("sp_mlp", "define `sp_mlp(x_shard, block, rank, world)` in the exercise cell")}
 
 
 def _section(ns: dict[str, Any], cfg: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -602,3 +604,85 @@ def tp_attention_messages(ns: Any) -> None:
                     hint="the heads need nothing from each other: only the projection's partial outputs are summed "
                          "(forward) and the input's partial gradients (backward)",
                     expected=f"[['all_reduce', {nbytes}]]", got=record[direction])
+
+
+# ------------------------------------------------------------------------------ 22.12-22.14: sequence parallelism
+
+SP_PARTS = ("22.12", "22.13", "22.14")
+
+
+def _unsplit_sp(cfg: dict[str, Any], tokens: slice | None = None) -> dict[str, Any]:
+    """The unsplit block on the whole sequence; the loss over every token, or over ``tokens`` only."""
+    block = driver.sp_block(cfg)
+    x, weights = driver.sp_input(cfg)
+    x.requires_grad_()
+    out = block(x)
+    keep = slice(None) if tokens is None else tokens
+    (out[:, keep] * weights[:, keep]).sum().backward()
+    return {"out": out.detach(), "x_grad": x.grad, "grads": {n: p.grad for n, p in block.named_parameters()}}
+
+
+def _hidden_share(name: str, grad: torch.Tensor, rank: int) -> torch.Tensor:
+    """The part of a block gradient rank ``rank``'s hidden units reach (zeros elsewhere)."""
+    h = grad.shape[0] if name.startswith("0.") else grad.shape[1]
+    mine = slice(rank * h // driver.WORLD, (rank + 1) * h // driver.WORLD)
+    out = torch.zeros_like(grad)
+    if name.startswith("0."):
+        out[mine] = grad[mine]
+    else:
+        out[:, mine] = grad[:, mine]
+    return out
+
+
+@check_for("22", "sequence parallelism: this rank's tokens and gradients match the unsplit block", points=2,
+           parts=SP_PARTS)
+def sp_matches(ns: Any) -> None:
+    cfg, ranks = _ranks(ns, "sp")
+    whole = _unsplit_sp(cfg)  # every rank's loss together: what the shared weights and each input slice receive
+    hint = ("GatherTokens all-gathers the token slices (dim 1) into the whole sequence and reduce-scatters the "
+            "gradient back; ScatterTokens reduce-scatters (SUM) the partial outputs into this rank's tokens and "
+            "all-gathers the gradient; between them exercise 21's column- then row-parallel split; the second "
+            "Linear's bias once, after the reduce-scatter")
+    for rank, record in enumerate(ranks):
+        mine = driver.token_slice(cfg, rank)
+        own = _unsplit_sp(cfg, mine)  # the bias is added after the reduce-scatter: only this rank's tokens reach it
+        expected_grads = {name: own["grads"][name] if name == "2.bias" else _hidden_share(name, grad, rank)
+                          for name, grad in whole["grads"].items()}
+        for what, got, expected in (("output", record["out"], whole["out"][:, mine]),
+                                    ("input gradient", record["x_grad"], whole["x_grad"][:, mine])):
+            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
+                                                                                 atol=TP_TOLERANCE):
+                raise CheckFailed(f"rank {rank}: the {what} of its tokens differs from the unsplit block's",
+                                  hint=hint, expected=f"{tuple(expected.shape)} within {TP_TOLERANCE:g}",
+                                  got="no gradient" if got is None else _gap(got, expected))
+        for name, expected in expected_grads.items():
+            got = record["grads"].get(name)
+            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
+                                                                                 atol=TP_TOLERANCE):
+                raise CheckFailed(
+                    f"rank {rank}: block[{name.replace('.', '].')}'s gradient is not the part of the unsplit "
+                    "block's that reaches this rank", hint=hint,
+                    expected=f"{tuple(expected.shape)} within {TP_TOLERANCE:g}",
+                    got="no gradient" if got is None else _gap(got, expected))
+
+
+@check_for("22", "sequence parallelism: an all-gather and a reduce-scatter each way, one all-reduce's bytes",
+           points=1, parts=SP_PARTS)
+def sp_messages(ns: Any) -> None:
+    cfg, ranks = _ranks(ns, "sp")
+    sp = cfg["sp"]
+    full = 4 * sp["batch"] * sp["tokens"] * sp["d"]
+    want = ring_allreduce_bytes(full, driver.WORLD)  # what tensor parallelism's all-reduce sends
+    for rank, record in enumerate(ranks):
+        for direction in ("forward", "backward"):
+            events = record[direction]
+            ops = sorted("gather" if op in GATHERS else "scatter" if op in SCATTERS else op for op, _ in events)
+            priced = all(op in GATHERS + SCATTERS for op, _ in events)
+            sent = sum(ring_bytes_sent(op, n, driver.WORLD) for op, n in events) if priced else None
+            if ops != ["gather", "scatter"] or sent is None or not math.isclose(sent, want, rel_tol=RELATIVE):
+                raise CheckFailed(
+                    f"rank {rank}: the block's {direction} sent {events} ([op, bytes passed in])",
+                    hint="forward: one all-gather of the token slices and one reduce-scatter of the partial outputs; "
+                         "backward: the same two, the other way round; no all-reduce",
+                    expected=f"one all-gather of {full // driver.WORLD} bytes and one reduce-scatter of {full}: "
+                             f"{want:g} ring bytes, as one all-reduce of the activations", got=events)
