@@ -11,6 +11,17 @@ from test_grading_variants import judge_row
 
 # (exercise, the near miss, the code, a word from the name of the check that must fail)
 NEAR_MISSES = [
+    ("03", "warmup=0 refused (warmup <= 0 instead of < 0)", """
+        def steady_state(times, warmup):
+            if warmup <= 0 or warmup >= len(times):
+                raise ValueError(f"warmup={warmup} out of range")
+            return statistics.median(times[warmup:])
+        """, "steady state"),
+    ("03", "a step exactly factor x the median counted as slow (>= instead of >)", """
+        def slow_steps(times, factor=3.0):
+            limit = factor * statistics.median(times)
+            return [i for i, t in enumerate(times) if t >= limit]
+        """, "slow steps"),
     ("05", "the cosine's denominator guarded at 2 instead of 1", """
         def lr_at(step, cfg):
             if step < cfg.warmup:

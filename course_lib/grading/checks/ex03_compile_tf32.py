@@ -38,11 +38,21 @@ def _outcome(fn: Any, *args: Any) -> str:
         return type(exc).__name__
 
 
+def _number_or_outcome(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` as a float when it is a number, else :func:`_outcome`'s text."""
+    try:
+        value = fn(*args)
+    except Exception as exc:
+        return type(exc).__name__
+    return float(value) if isinstance(value, (int, float)) else one_line(value)
+
+
 def _steady(ns: dict[str, Any], times: list[float], warmup: int) -> dict[str, Any]:
     fn = need(ns, "steady_state", "define `steady_state(times, warmup)` in the exercise cell")
     got = call(fn, list(times), warmup)
     return {"got": got if isinstance(got, (int, float)) else one_line(got),
-            "bad": [_outcome(fn, list(times), bad) for bad in (-1, len(times), len(times) + 3)]}
+            "bad": [_outcome(fn, list(times), bad) for bad in (-1, len(times), len(times) + 3)],
+            "no_warmup": _number_or_outcome(fn, list(times), 0)}  # the edge of the allowed range: every step counts
 
 
 @check_for("03", "steady state drops the warm-up", parts=("03.1",))
@@ -64,6 +74,10 @@ def steady_state_check(ns: dict[str, Any]) -> None:
             raise CheckFailed(f"steady_state(times, warmup={bad}) with {len(times)} times should raise ValueError",
                               hint="nothing would be left to measure (or warmup is negative)", expected="ValueError",
                               got=outcome)
+    if not _close(seen.get("no_warmup"), statistics.median(times)):
+        raise CheckFailed(f"steady_state(times, warmup=0) should be the median of all {len(times)} times",
+                          hint="warmup may be 0 (no step dropped): only a negative warmup, or one that leaves no step, "
+                               "is refused", expected=statistics.median(times), got=seen.get("no_warmup"))
 
 
 def _speedup_times(seed: int) -> tuple[list[float], list[float], int]:
@@ -280,13 +294,18 @@ def _expected_slow(times: list[float], factor: float) -> list[int]:
 def _slow(ns: dict[str, Any], times: list[float], factor: float) -> list[Any]:
     fn = need(ns, "slow_steps", "define `slow_steps(times, factor=3.0)` in the exercise cell")
     as_list = lambda got: list(got) if isinstance(got, (list, tuple)) else one_line(got)  # noqa: E731
-    return [as_list(call(fn, list(times))), as_list(call(fn, list(times), factor=factor))]
+    return [as_list(call(fn, list(times))), as_list(call(fn, list(times), factor=factor)),
+            as_list(call(fn, list(_AT_THE_LIMIT)))]
+
+
+# A step exactly factor x the median is not slower than that: "slower than", strictly.
+_AT_THE_LIMIT = (0.25, 0.25, 0.75, 0.25, 0.25, 1.5)
 
 
 @check_for("03", "slow steps found relative to the median", parts=("03.6",))
 def slow_steps_check(ns: dict[str, Any]) -> None:
     times, factor = _step_times(run_seed(ns))
-    got, got_factor = observe(ns, _slow, times, factor)
+    got, got_factor, got_at_limit = observe(ns, _slow, times, factor)
     expected = _expected_slow(times, 3.0)
     if got != expected:
         raise CheckFailed("the slow steps (compilation, recompilation) are the ones over factor x the median",
@@ -295,6 +314,11 @@ def slow_steps_check(ns: dict[str, Any]) -> None:
     expected = _expected_slow(times, factor)
     if got_factor != expected:
         raise CheckFailed(f"honour the factor argument (factor={factor})", expected=expected, got=got_factor)
+    expected = _expected_slow(list(_AT_THE_LIMIT), 3.0)
+    if got_at_limit != expected:
+        raise CheckFailed(f"slow_steps({list(_AT_THE_LIMIT)}): a step exactly 3 x the median is not slower than that",
+                          hint="slower than factor x the median: t > limit, not t >= limit", expected=expected,
+                          got=got_at_limit)
 
 
 def _recompile_model() -> torch.nn.Module:
