@@ -12,8 +12,8 @@ about 114 s on a busy laptop), and a learner cannot tell a slow measurement from
 
       Still running, 24 s so far: timing fp32 vs bf16, 3 of 7 rounds done, about 12 s left.
 
-  When the cell ends the line says how long it took. A cell that reports its own progress (``%%torchrun``, a
-  ``tqdm`` bar) is left alone.
+  When the cell ends the line says how long it ran ("This cell ran for 26 s."). A cell that reports its own
+  progress (``%%torchrun``, a ``tqdm`` bar) is left alone.
 
 The estimate of the time left is the elapsed time per unit done, times the units left: rough, and said as "about".
 """
@@ -135,7 +135,7 @@ class _Watch:
         self.stop.set()
         self.thread.join(timeout=5)
         if self.handle is not None:
-            self.handle.update(_Plain(f"Finished after {format_duration(time.monotonic() - self.started)}."))
+            self.handle.update(_Plain(f"This cell ran for {format_duration(time.monotonic() - self.started)}."))
 
 
 class _Plain:

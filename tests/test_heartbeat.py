@@ -82,7 +82,7 @@ def test_a_silent_cell_in_a_kernel_gets_a_status_line_and_a_self_reporting_one_d
         return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cell.outputs)
 
     _, silent, self_reporting, quick = nb.cells
-    assert shown(silent).startswith("Finished after"), silent.outputs  # the line, brought up to date at the end
+    assert shown(silent).startswith("This cell ran for"), silent.outputs  # the line, brought up to date at the end
     assert [o.output_type for o in silent.outputs] == ["display_data"], silent.outputs
-    assert "Still running" not in shown(self_reporting) and "Finished" not in shown(self_reporting)
+    assert "Still running" not in shown(self_reporting) and "ran for" not in shown(self_reporting)
     assert shown(quick) == "quick\n"
