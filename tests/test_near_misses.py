@@ -100,6 +100,13 @@ NEAR_MISSES = [
                 return "slower", ratio
             return "too_close", ratio
         """, "decided only"),
+    ("13", "MultiHead's trunk in another order (ReLU before the Linear): the same modules, other outputs", """
+        _solution_multi = MultiHead
+        class MultiHead(_solution_multi):
+            def __init__(self, d_in, d_hidden, heads, p=0.1):
+                super().__init__(d_in, d_hidden, heads, p)
+                self.trunk = nn.Sequential(nn.ReLU(), nn.Linear(d_in, d_hidden), nn.Dropout(p))
+        """, "ModuleDict"),
     ("15", "a budget met exactly by checkpointing every block is refused (>= instead of >)", """
         _solution_plan = blocks_to_checkpoint
         def blocks_to_checkpoint(plain, checkpointed, budget):

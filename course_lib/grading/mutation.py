@@ -222,6 +222,30 @@ EQUIVALENT: dict[tuple[str, ...], str] = {
         "own generality (text batches), not a requirement",
     ("09", "correct += ((logits.argmax(-1) == y) & keep).sum()"):
         "after the reshape the logits are (rows, classes): argmax(1) is argmax(-1)",
+    ("14", 'if rng["cuda"] is not None and torch.cuda.is_available():'):
+        "a GPU's random state: on the CPU grader torch.cuda.is_available() is False, so the branch never runs "
+        "(the GPU check machine runs the solution, not the mutants)",
+    ("14", 'torch.cuda.set_rng_state_all(rng["cuda"])'):
+        "a GPU's random state: the line runs only where torch.cuda.is_available(), never on the CPU grader",
+    ("14", "np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))"):
+        "np.random.set_state converts the key array to uint32 itself: the same state is restored",
+    ("14", 'state = torch.load(path, map_location="cpu", weights_only=True)'):
+        "not observable by a check: a checkpoint the course wrote holds tensors and plain data only, which load the "
+        "same either way (weights_only=True refuses pickled code, a safety the task asks for but no output shows)",
+    ("14", "f.flush()"):
+        "not observable by a check: flush and fsync make the bytes durable before the rename, which only a power "
+        "cut or a kernel crash between the two would show (the rename-after-write itself is checked)",
+    ("14", "os.fsync(f.fileno())"):
+        "not observable by a check: see f.flush() (durability against a power cut)",
+    ("12", "enable_model_summary=False)"): "a display setting: what the trainer prints, not what it computes",
+    ("12", 'trainer = L.Trainer(fast_dev_run=n_batches, accelerator="cpu", devices=1, enable_progress_bar=False,',
+     "False", "True"): "a display setting: the progress bar changes what is printed, not what is computed",
+    ("17", "model.train()"):
+        "the challenge's model (Linear, ReLU, Linear) has no dropout or batch norm: train and eval mode compute the "
+        "same",
+    ("17", "optimizer.zero_grad(set_to_none=True)", "True", "False"):
+        "every parameter gets a gradient in every step, so gradients zeroed in place and gradients set to None give "
+        "the same next gradients and the same step",
     ("20", "size = torch.finfo(getattr(torch, dtype)).bits // 8"):
         "bits / 8 is the same number as bits // 8, and bits // 7 gives 4 and 2 for the only dtypes the task names "
         "(float32, bfloat16), as // 8 does",

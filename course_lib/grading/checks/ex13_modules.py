@@ -13,6 +13,7 @@ import io
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
@@ -235,7 +236,20 @@ def counts(ns: dict[str, Any]) -> None:
 def _heads(ns: dict[str, Any], seed: int) -> dict[str, Any]:
     model = _multi(ns, seed)
     out = model.eval()(_x(seed, 3, 6))
-    return {"out": _flat(out) if isinstance(out, dict) else type(out).__name__, "keys": sorted(model.state_dict())}
+    return {"out": _flat(out) if isinstance(out, dict) else type(out).__name__, "keys": sorted(model.state_dict()),
+            "state": {k: v.detach() for k, v in model.state_dict().items()}}
+
+
+def _trunk_then_heads(state: dict[str, Any], seed: int) -> dict[str, torch.Tensor] | None:
+    """What the task's MultiHead computes in eval mode from these weights: each head of ReLU(trunk Linear(x))
+    (dropout is the identity in eval mode); None when the trunk's Linear cannot be told from the names."""
+    trunk = [k for k, v in state.items() if not k.startswith("heads.") and k.endswith("weight")
+             and isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == 6]
+    if len(trunk) != 1 or trunk[0][: -len("weight")] + "bias" not in state:
+        return None
+    features = F.relu(F.linear(_x(seed, 3, 6), state[trunk[0]], state[trunk[0][: -len("weight")] + "bias"]))
+    return {name: F.linear(features, state[f"heads.{name}.weight"], state.get(f"heads.{name}.bias"))
+            for name in _head_sizes(seed) if f"heads.{name}.weight" in state}
 
 
 @check_for("13", "ModuleDict of heads", points=1, parts=("13.4", "13.5"))
@@ -262,6 +276,13 @@ def multi_head(ns: dict[str, Any]) -> None:
             expected=missing,
             got=seen["keys"],
         )
+    want_out = _trunk_then_heads(seen.get("state") or {}, run_seed(ns))
+    if want_out is not None and set(want_out) == set(out) and any(
+            not torch.allclose(out[k], want_out[k], atol=1e-5) for k in want_out):
+        raise CheckFailed("each head's output should be head(Dropout(ReLU(Linear(x)))): the trunk in that order",
+                          hint="self.trunk = nn.Sequential(nn.Linear(d_in, d_hidden), nn.ReLU(), nn.Dropout(p)); "
+                               "every head reads the trunk's output", expected="the trunk Linear -> ReLU -> Dropout",
+                          got="other outputs from the same weights")
 
 
 def _flatten(out: Any) -> torch.Tensor:
