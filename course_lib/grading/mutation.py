@@ -222,6 +222,13 @@ EQUIVALENT: dict[tuple[str, ...], str] = {
         "own generality (text batches), not a requirement",
     ("09", "correct += ((logits.argmax(-1) == y) & keep).sum()"):
         "after the reshape the logits are (rows, classes): argmax(1) is argmax(-1)",
+    ("02", "workers = 0 if cores <= 1 else min(cores - 1, 8)"):
+        "another legal answer: the task asks for 0 workers at one core and 'between 1 and cores - 1 workers (you "
+        "pick how many)' above it; cores < 1 and cores <= 0 differ only at 0 cores, which no machine has",
+    ("02", '"prefetch_factor": 2 if workers > 0 else None,'):
+        "another legal answer: the task asks to 'prefetch at least one batch' with workers, not for 2",
+    ("02", '"persistent_workers": workers > 0,'):
+        "another legal answer: the task only forbids persistent workers without workers",
     ("14", 'if rng["cuda"] is not None and torch.cuda.is_available():'):
         "a GPU's random state: on the CPU grader torch.cuda.is_available() is False, so the branch never runs "
         "(the GPU check machine runs the solution, not the mutants)",
@@ -415,6 +422,10 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         mark = "" if s["rate"] >= TARGET else " (below target)"
         lines.append(f"| {number} | {s['made']} | {s['killed']} | {s['timeouts']} | {s['equivalent']} | "
                      f"{s['survived']} | {s['rate']:.1%}{mark} | {results[number]['seconds']:.0f} |")
+    missing = sorted({p.name[:2] for p in SOLUTIONS.glob("[0-9][0-9]_*.ipynb")} - set(results))
+    if missing:
+        lines += ["", f"Not measured yet: exercise(s) {', '.join(missing)} (`make mutation MUTATION_ARGS='--exercise "
+                      f"{missing[0]}'`)."]
     lines += ["", "## Survivors", ""]
     for number in sorted(results):
         survived = [o for o in results[number]["outcomes"] if o["status"] == "survived"]
