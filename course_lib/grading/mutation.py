@@ -199,6 +199,9 @@ _NON_BLOCKING = ("non_blocking only lets a copy from pinned memory to a GPU retu
 _ON_THE_CPU = "the grader runs on the CPU, where device=device names the default device"
 _EXACT_COUNT = ("a count of at most a few thousand targets is exact in int32 as in int64; both add to the same "
                 "Python int")
+_PLATEAU = 'plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=1)'
+_ANY_PATIENCE = ("another legal answer: the task asks for a ReduceLROnPlateau in mode 'min'; patience=1 is the hint's "
+                 "example")
 EQUIVALENT: dict[tuple[str, ...], str] = {
     ("08", "x, y = (t.to(device, non_blocking=True) for t in batch)", "True", "False"): _NON_BLOCKING,
     ("08", "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)", "True", "False"): _NON_BLOCKING,
@@ -244,6 +247,13 @@ EQUIVALENT: dict[tuple[str, ...], str] = {
         "cut or a kernel crash between the two would show (the rename-after-write itself is checked)",
     ("14", "os.fsync(f.fileno())"):
         "not observable by a check: see f.flush() (durability against a power cut)",
+    ("12", "self.train_acc(self(x), y)"):
+        "not required: the task asks MeteredClassifier to log val_acc; train_acc is the solution's extra (a correct "
+        "alternative without it is a row of tests/test_grading_variants.py)",
+    ("12", 'self.log("train_acc", self.train_acc, batch_size=len(y))'):
+        "not required: the task asks MeteredClassifier to log val_acc; train_acc is the solution's extra",
+    ("12", _PLATEAU, "1", "2"): _ANY_PATIENCE,
+    ("12", _PLATEAU, "1", "0"): _ANY_PATIENCE,
     ("12", "enable_model_summary=False)"): "a display setting: what the trainer prints, not what it computes",
     ("12", 'trainer = L.Trainer(fast_dev_run=n_batches, accelerator="cpu", devices=1, enable_progress_bar=False,',
      "False", "True"): "a display setting: the progress bar changes what is printed, not what is computed",
