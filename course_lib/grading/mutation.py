@@ -202,7 +202,24 @@ _EXACT_COUNT = ("a count of at most a few thousand targets is exact in int32 as 
 _PLATEAU = 'plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=1)'
 _ANY_PATIENCE = ("another legal answer: the task asks for a ReduceLROnPlateau in mode 'min'; patience=1 is the hint's "
                  "example")
+_TEST_CHOICE = ("another valid test: exercise 04's graded code is a test suite, and the task leaves its model seeds, "
+                "batch sizes, step counts and thresholds to the learner; the changed test still passes on the right "
+                "implementation and fails on every broken one the grader runs it against")
+_SYMMETRIC_TEST = "torch.equal and the pairs zip makes are symmetric: the test compares the same two things"
 EQUIVALENT: dict[tuple[str, ...], str] = {
+    **{("04", line): _TEST_CHOICE for line in (
+        "model = impl.make_model(0).eval()", "model = impl.make_model(0)", "model = impl.make_model(seed=3)",
+        "model = impl.make_model(0).train()", "for batch_size in (1, 3, 8):", "batch = impl.make_batch(8, seed=1)",
+        "x, y = impl.make_batch(8, seed=2)", "x, _ = impl.make_batch(4, seed=10)",
+        "batch = impl.make_batch(8, seed=11)",
+        "for _ in range(60):", "for s in range(3):", "impl.train_step(model, optimizer, impl.make_batch(8, seed=s))",
+        "losses = [impl.train_step(model, optimizer, impl.make_batch(8, seed=s)) for s in range(3)]",
+        'assert last < 0.1 * first, f"loss went from {first:.3f} to {last:.3f} on a single batch"')},
+    ("04", "torch.equal(a, b)", "torch.equal(b, a)"): _SYMMETRIC_TEST,
+    ("04", "zip(weights_a, weights_b)", "zip(weights_b, weights_a)"): _SYMMETRIC_TEST,
+    ("04", "torch.equal(model(x), restored(x))", "torch.equal(restored(x), model(x))"): _SYMMETRIC_TEST,
+    ("04", "zip(model.parameters(), restored.parameters())", "zip(restored.parameters(), model.parameters())"):
+        _SYMMETRIC_TEST,
     ("08", "x, y = (t.to(device, non_blocking=True) for t in batch)", "True", "False"): _NON_BLOCKING,
     ("08", "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)", "True", "False"): _NON_BLOCKING,
     ("08", "optimizer.zero_grad(set_to_none=True)", "True", "False"):
