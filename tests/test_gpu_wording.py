@@ -52,11 +52,11 @@ def texts(value: Any) -> list[str]:
 
 @pytest.mark.parametrize("gpu", list(GPUS))
 def test_lesson_08s_batch_verdict_in_gpu_words(gpu: str) -> None:
-    said = assigned("08_latency_memory.ipynb", {"slower_text", "close_text"}, GPUS[gpu])
+    said = assigned("08_latency_memory.ipynb", {"slower_cause", "close_cause"}, GPUS[gpu])
     for text in texts(said):
         assert not CPU_WORDS.search(text), text
-    cpu = assigned("08_latency_memory.ipynb", {"slower_text", "close_text"}, CPU_PLAIN)
-    assert "CPU's caches" in cpu["slower_text"] and "on this CPU" in cpu["close_text"]
+    cpu = assigned("08_latency_memory.ipynb", {"slower_cause", "close_cause"}, CPU_PLAIN)
+    assert "CPU's caches" in cpu["slower_cause"] and "on this CPU" in cpu["close_cause"]
 
 
 @pytest.mark.parametrize("gpu", list(GPUS))
@@ -72,12 +72,8 @@ def test_lesson_11s_stage_explanations_in_gpu_words(gpu: str) -> None:
 
 
 def test_lesson_06s_accumulation_verdict_in_gpu_words() -> None:
-    """Lesson 06 passes its device-dependent words to explain() as one dict picked by ``facts.is_gpu``."""
-    cells = json.loads((ROOT / "notebooks" / "06_accumulation.ipynb").read_text(encoding="utf-8"))["cells"]
-    source = next("".join(c["source"]) for c in cells if "timing.verdict(" in "".join(c["source"]))
-    call = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
-                and isinstance(n.func, ast.Attribute) and n.func.attr == "explain")
-    words = next(k.value for k in call.keywords if k.arg is None)
+    """Lesson 06 picks its device-dependent words for explain() as one dict, ``words``, by ``facts.is_gpu``."""
     for facts, cpu in ((H200, False), (T4, False), (CPU_PLAIN, True)):
-        chosen = eval(compile(ast.Expression(words), "06", "eval"), {"facts": facts})
+        chosen = assigned("06_accumulation.ipynb", {"words"}, facts)["words"]
+        assert set(chosen) == {"use_less", "quicker", "close"}
         assert bool(CPU_WORDS.search(" ".join(texts(chosen)))) == cpu, chosen

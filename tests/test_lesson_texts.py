@@ -103,7 +103,7 @@ def library_branch_sets(function: str) -> list[dict[str, str]]:
     from device_figures import CPUS, GPUS
 
     devices = [*GPUS.values(), *CPUS.values()]
-    if function in LIBRARY_TEXTS[2:]:  # lesson 14: course_lib/perf/ceiling_lesson.py, replayed in test_ceiling_replay
+    if function in LIBRARY_TEXTS[2:7]:  # lesson 14: course_lib/perf/ceiling_lesson.py, replayed in test_ceiling_replay
         from course_lib.perf import ceiling_lesson
         from test_ceiling_replay import ceiling_of
 
@@ -114,6 +114,16 @@ def library_branch_sets(function: str) -> list[dict[str, str]]:
             return [ceiling_lesson.tiny_chain_texts(f, ops=13, call_s=3e-6, compiled_s=c, eager_s=31.7e-6)
                     for f in devices for c in (1e-6, 22.5e-6, 80e-6)]
         return [getattr(ceiling_lesson, function)(facts) for facts in devices]
+    gpus = [facts for facts in devices if facts.kind == "cuda"]
+    if function == "copy_texts":  # lesson 02's pinned copy: CUDA only (course_lib/perf/transfer.py)
+        from course_lib.perf import sizing, transfer
+
+        return [transfer.copy_texts(facts, batch=sizing.copy_batch(facts)) for facts in gpus]
+    if function == "graph_texts":  # lesson 07's CUDA graph: CUDA only (course_lib/perf/graphs.py)
+        from course_lib.perf import graphs, sizing
+
+        return [graphs.graph_texts(facts, work=sizing.graph_step_work(sizing.graph_step_size(facts)), busy=busy)
+                for facts in gpus for busy in (None, KernelShare(1e-3, 1e-4), KernelShare(1e-3, 9e-4))]
     if function == "tf32_texts":
         return [precision.tf32_texts(facts, size=4096) for facts in devices]
     shares = [None, *({low: KernelShare(1e-3, k), "fp32": KernelShare(1e-3, k)} for k in (1e-4, 9e-4)
@@ -123,7 +133,7 @@ def library_branch_sets(function: str) -> list[dict[str, str]]:
 
 
 LIBRARY_TEXTS = ("precision_speed_texts", "tf32_texts", "size_texts", "dtype_texts", "batch_texts", "fusion_texts",
-                 "tiny_chain_texts")
+                 "tiny_chain_texts", "copy_texts", "graph_texts")
 
 
 @pytest.mark.parametrize("where,call", EXPLAIN_CALLS, ids=[w for w, _ in EXPLAIN_CALLS])
