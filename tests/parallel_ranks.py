@@ -312,22 +312,26 @@ def check_zero(rank: int, world: int) -> dict[str, Any]:
                 local = GLOBAL_BATCH // world
                 x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
             nn.functional.mse_loss(model(x), y).backward()
-            if sharded_batch:
-                allreduce_gradients(model)
+            with count_collectives() as averaging:
+                if sharded_batch:
+                    allreduce_gradients(model)
             with count_collectives() as log:
                 opt.step()
             logs.append((log.counts(), log.bytes_by_op()))
+            # everything this rank passed in to exchange the gradients and the weights: (op, bytes) per call
+            traffic = [(r.op, r.nbytes) for r in averaging.records + log.records]
             opt.zero_grad()
-        return model, opt, logs
+        return model, opt, logs, traffic
 
     kwargs = dict(lr=1e-2, weight_decay=0.1)
-    ref, ref_opt, _ = run(lambda m: torch.optim.AdamW(m.parameters(), **kwargs), sharded_batch=False)
-    dp_full, _, _ = run(lambda m: torch.optim.AdamW(m.parameters(), **kwargs), sharded_batch=True)
-    zero, zero_opt, logs = run(lambda m: ShardedOptimizer(m.parameters(), **kwargs), sharded_batch=True)
+    ref, ref_opt, _, _ = run(lambda m: torch.optim.AdamW(m.parameters(), **kwargs), sharded_batch=False)
+    dp_full, _, _, dp_traffic = run(lambda m: torch.optim.AdamW(m.parameters(), **kwargs), sharded_batch=True)
+    zero, zero_opt, logs, zero_traffic = run(lambda m: ShardedOptimizer(m.parameters(), **kwargs), sharded_batch=True)
     return {"vs_reference": max_diff(zero, ref), "vs_dp_adamw": max_diff(zero, dp_full),
             "numel": zero_opt.numel, "bounds": zero_opt.bounds, "state_bytes": zero_opt.state_bytes(),
             "unsharded_state_bytes": optimizer_state_bytes(ref_opt), "n_tensors": len(list(ref.parameters())),
-            "step_collectives": logs[-1][0], "step_bytes": logs[-1][1]}
+            "step_collectives": logs[-1][0], "step_bytes": logs[-1][1],
+            "dp_traffic": dp_traffic, "zero_traffic": zero_traffic}
 
 
 def check_fsdp(rank: int, world: int) -> dict[str, Any]:

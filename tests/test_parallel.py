@@ -37,6 +37,7 @@ from course_lib.parallel.comm import (
     fit_bandwidth_latency,
     predicted_allreduce_seconds,
     ring_allreduce_bytes,
+    ring_bytes_sent,
 )
 from course_lib.parallel.data_parallel import assign_buckets
 from course_lib.parallel.zero import shard_bounds
@@ -382,6 +383,31 @@ def test_zero1_steps_like_adamw_with_a_shard_of_the_state(ranks: list[dict[str, 
         assert z["step_bytes"] == {"all_gather_into_tensor": 217 * 4}
         total_state += z["state_bytes"]
     assert total_state == 8 * 433 + 4 * 2  # the moments once over the ranks; a step counter on each
+
+
+@pytest.mark.distributed
+def test_zero1_by_hand_sends_one_and_a_half_times_data_parallelism_and_a_reduce_scatter_would_send_one(
+        ranks: list[dict[str, Any]]) -> None:
+    """One step's traffic, counted: data parallelism all-reduces the gradients (433 floats, one call per tensor);
+    ShardedOptimizer all-reduces them too, then all-gathers the padded shards (217 floats from each rank). On the ring
+    that is 1.5x data parallelism's bytes; a reduce-scatter of the padded gradients in place of the all-reduce
+    (exercise 22) sends what data parallelism sends. Lesson 13 shows the same count on its Net."""
+    world = len(ranks)
+    for result in ranks:
+        z = result["zero"]
+        dp, zero1 = z["dp_traffic"], z["zero_traffic"]
+        assert [op for op, _ in dp] == ["all_reduce"] * z["n_tensors"], dp
+        assert sum(n for _, n in dp) == 433 * 4
+        assert [op for op, _ in zero1] == ["all_reduce"] * z["n_tensors"] + ["all_gather_into_tensor"], zero1
+        assert zero1[:-1] == dp and zero1[-1][1] == 217 * 4
+        sent = {name: sum(ring_bytes_sent(op, n, world) for op, n in traffic)
+                for name, traffic in (("dp", dp), ("zero1", zero1))}
+        assert sent == {"dp": 433 * 4, "zero1": 433 * 4 + 217 * 4}
+        assert sent["zero1"] / sent["dp"] == pytest.approx(1.5, abs=0.005)  # off by the padding: 434 / 433
+        reduce_scatter = (ring_bytes_sent("reduce_scatter_tensor", 2 * 217 * 4, world)
+                          + ring_bytes_sent(*zero1[-1], world))
+        assert reduce_scatter == ring_bytes_sent("all_reduce", 2 * 217 * 4, world)  # one all-reduce of the padded
+        assert reduce_scatter / sent["dp"] == pytest.approx(1.0, abs=0.005)
 
 
 @pytest.mark.distributed
