@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from course_lib.grading import parallel_driver as driver
 from course_lib.grading.api import CheckFailed, check_for, need, observe, run_seed
-from course_lib.grading.ddp_ranks import failed_run_is_a_failed_check
+from course_lib.grading.checks.common import gap, rank_records, split_layer_matches
 from course_lib.parallel.data_parallel import assign_buckets
 from course_lib.parallel.zero import shard_bounds
 
@@ -40,31 +40,12 @@ def _section(ns: dict[str, Any], cfg: dict[str, Any], name: str) -> list[dict[st
     """Every rank's record of one section (the run itself is shared by all checks); raise what the ranks raised."""
     for wanted in driver.SECTIONS[name]:
         need(ns, wanted, HOW[wanted])
-    with failed_run_is_a_failed_check("both ranks must reach the same collectives in the same order; run the demo "
-                                      "cell to see what each rank did"):
-        run = driver.run_exercise(ns, cfg)
-    records = []
-    for record in run["ranks"]:
-        error = record.get("error") or record.get(name, {}).get("error")
-        if error is not None:
-            if error["type"] == "NotImplementedError" and error["message"].startswith("Exercise"):
-                raise NotImplementedError(error["message"])
-            raise CheckFailed(f"rank {record['rank']} raised {error['type']}: {error['message']}",
-                              hint="the exercise cell runs on its own in each process: it must import everything "
-                                   "it uses, and both ranks must issue the same collectives",
-                              got=error["where"].strip().splitlines()[-3:])
-        records.append(record[name])
-    return records
+    return rank_records(driver.run_exercise, ns, cfg, name)
 
 
 def _ranks(ns: dict[str, Any], name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     cfg = driver.exercise_config(run_seed(ns))
     return cfg, observe(ns, _section, cfg, name)
-
-
-def _gap(a: torch.Tensor, b: torch.Tensor) -> str:
-    return f"largest difference {(a - b).abs().max().item():.3g}" if a.shape == b.shape else \
-        f"{a.numel()} values instead of {b.numel()}"
 
 
 # ------------------------------------------------------------------------------ 21.1: data parallelism
@@ -84,7 +65,7 @@ def broadcast(ns: dict[str, Any]) -> None:
                 + (" (the ranks agree, on other weights)" if same else ""),
                 hint="dist.broadcast(param, src=0) for every parameter, in place, inside torch.no_grad(): each rank "
                      "built its model from its own seed",
-                expected=f"{want.numel()} weights equal to rank 0's", got=_gap(got, want))
+                expected=f"{want.numel()} weights equal to rank 0's", got=gap(got, want))
 
 
 def _one_process(cfg: dict[str, Any]) -> torch.Tensor:
@@ -137,7 +118,7 @@ def matches_one_process(ns: dict[str, Any]) -> None:
             "all-reduce SUM then divide by the world size; launch a bucket from "
             "register_post_accumulate_grad_hook (register_hook runs before autograd writes .grad); finish() "
             "sends the buckets still waiting, waits on every handle, then copies the averages into .grad",
-            expected=f"within {DP_TOLERANCE:g} of the one-process weights", got=_gap(got, want))
+            expected=f"within {DP_TOLERANCE:g} of the one-process weights", got=gap(got, want))
 
 
 def _buckets(cfg: dict[str, Any]) -> tuple[list[int], list[int]]:
@@ -228,7 +209,7 @@ def zero_matches_unsharded(ns: dict[str, Any]) -> None:
                  "your shard, then every rank needs every updated shard (all-gather, padding the short one, or one "
                  "broadcast per shard)",
             expected=f"within {ZERO_TOLERANCE:g} of unsharded AdamW",
-            got=f"{_gap(got, want)}; wrong elements {wrong[:12]}" if wrong else _gap(got, want))
+            got=f"{gap(got, want)}; wrong elements {wrong[:12]}" if wrong else gap(got, want))
 
 
 @check_for("21", "optimizer state: each rank keeps its shard's moments only", points=1, parts=("21.4", "21.5"))
@@ -280,22 +261,8 @@ def tp_matches_unsplit(ns: dict[str, Any]) -> None:
     hint = ("columns [r*h/world, (r+1)*h/world) of the first Linear (rows of its weight), GELU, the same rows of the "
             "second's input (columns of its weight), SumInForward over the partial outputs, then the bias once; "
             "SumInBackward on the input so its gradient is summed; slice block's weights (views), do not copy them")
-    for rank, record in enumerate(ranks):
-        for what, got, expected in (("output", record["out"], want["out"]),
-                                    ("input gradient", record["x_grad"], want["x_grad"])):
-            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
-                                                                                 atol=TP_TOLERANCE):
-                raise CheckFailed(f"rank {rank}: the {what} differs from the unsplit block's", hint=hint,
-                                  expected=f"{tuple(expected.shape)} within {TP_TOLERANCE:g}",
-                                  got="no gradient" if got is None else _gap(got, expected))
-        for name, grad in want["grads"].items():
-            expected, got = _share(name, grad, rank), record["grads"].get(name)
-            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
-                                                                                 atol=TP_TOLERANCE):
-                raise CheckFailed(
-                    f"rank {rank}: block[{name.replace('.', '].')}'s gradient is not the unsplit block's on this "
-                    "rank's slice (zeros elsewhere)", hint=hint, expected=f"{tuple(expected.shape)} within "
-                    f"{TP_TOLERANCE:g}", got="no gradient" if got is None else _gap(got, expected))
+    split_layer_matches(ranks, want, _share, layer="block", param=lambda name: f"block[{name.replace('.', '].')}",
+                        hint=hint, tolerance=TP_TOLERANCE)
 
 
 @check_for("21", "one activation-sized all-reduce in forward, one in backward", points=1,

@@ -24,7 +24,7 @@ import torch
 
 from course_lib.grading import beyond_dp_driver as driver
 from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
-from course_lib.grading.ddp_ranks import failed_run_is_a_failed_check
+from course_lib.grading.checks.common import gap, rank_records, split_layer_matches
 from course_lib.parallel.comm import (
     bandwidth_for_compute,
     comm_bound_world,
@@ -54,21 +54,7 @@ HOW = {"zero": ("ReduceScatterAdamW", "define `class ReduceScatterAdamW` with `_
 def _section(ns: dict[str, Any], cfg: dict[str, Any], name: str) -> list[dict[str, Any]]:
     """Every rank's record of one section (the run itself is shared by all checks); raise what the ranks raised."""
     need(ns, *HOW[name])
-    with failed_run_is_a_failed_check("both ranks must reach the same collectives in the same order; run the demo "
-                                      "cell to see what each rank did"):
-        run = driver.run_exercise(ns, cfg)
-    records = []
-    for record in run["ranks"]:
-        error = record.get("error") or record.get(name, {}).get("error")
-        if error is not None:
-            if error["type"] == "NotImplementedError" and error["message"].startswith("Exercise"):
-                raise NotImplementedError(error["message"])
-            raise CheckFailed(f"rank {record['rank']} raised {error['type']}: {error['message']}",
-                              hint="the exercise cell runs on its own in each process: it must import everything "
-                                   "it uses, and both ranks must issue the same collectives",
-                              got=error["where"].strip().splitlines()[-3:])
-        records.append(record[name])
-    return records
+    return rank_records(driver.run_exercise, ns, cfg, name)
 
 
 def _ranks(ns: dict[str, Any], name: str = "zero") -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -88,11 +74,6 @@ def _averaged_adamw(cfg: dict[str, Any]) -> torch.Tensor:
     return driver.flat(params)
 
 
-def _gap(a: torch.Tensor, b: torch.Tensor) -> str:
-    return f"largest difference {(a - b).abs().max().item():.3g}" if a.shape == b.shape else \
-        f"{a.numel()} values instead of {b.numel()}"
-
-
 @check_for("22", "ReduceScatterAdamW matches AdamW on the averaged gradients", points=2, parts=("22.1", "22.2"))
 def zero_matches_averaged(ns: dict[str, Any]) -> None:
     cfg, ranks = _ranks(ns)
@@ -106,7 +87,7 @@ def zero_matches_averaged(ns: dict[str, Any]) -> None:
             "them stepped with the gradients averaged over the ranks",
             hint="each rank's .grad is its own (not averaged): reduce-scatter (SUM) the padded flat gradient, divide "
                  "your shard by the world size, step, then all-gather the updated shards into every parameter",
-            expected=f"within {ZERO_TOLERANCE:g} of AdamW on the averaged gradients", got=_gap(got, want))
+            expected=f"within {ZERO_TOLERANCE:g} of AdamW on the averaged gradients", got=gap(got, want))
 
 
 @check_for("22", "optimizer state: each rank keeps its shard's moments only", points=1, parts=("22.1", "22.2"))
@@ -508,7 +489,7 @@ def pipeline_matches_unsplit(ns: Any) -> None:
                 raise CheckFailed(
                     f"stage {rank}'s {name} gradient differs from the unsplit model's",
                     hint=hint, expected=f"{tuple(expected.shape)} within 1e-6",
-                    got="no gradient" if got is None else _gap(got, expected))
+                    got="no gradient" if got is None else gap(got, expected))
 
 
 @check_for("22", "pipeline traffic: per micro-batch one activation forward and one gradient back", points=1,
@@ -572,22 +553,8 @@ def tp_attention_matches(ns: Any) -> None:
     hint = ("rank r's heads are columns [r*C/world, (r+1)*C/world) of q, of k and of v: rows of qkv.weight at offsets "
             "0, C and 2C; attention on those heads alone; their columns of proj.weight give a partial output, "
             "summed over the ranks (SumInForward), then proj.bias once; SumInBackward on the input")
-    for rank, record in enumerate(ranks):
-        for what, got, expected in (("output", record["out"], want["out"]),
-                                    ("input gradient", record["x_grad"], want["x_grad"])):
-            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
-                                                                                 atol=TP_TOLERANCE):
-                raise CheckFailed(f"rank {rank}: the {what} differs from the unsplit attention layer's", hint=hint,
-                                  expected=f"{tuple(expected.shape)} within {TP_TOLERANCE:g}",
-                                  got="no gradient" if got is None else _gap(got, expected))
-        for name, grad in want["grads"].items():
-            expected, got = _heads_share(name, grad, rank), record["grads"].get(name)
-            if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
-                                                                                 atol=TP_TOLERANCE):
-                raise CheckFailed(
-                    f"rank {rank}: attn.{name}'s gradient is not the unsplit layer's on this rank's heads (zeros "
-                    "elsewhere)", hint=hint, expected=f"{tuple(expected.shape)} within {TP_TOLERANCE:g}",
-                    got="no gradient" if got is None else _gap(got, expected))
+    split_layer_matches(ranks, want, _heads_share, layer="attention layer", param=lambda name: f"attn.{name}",
+                        hint=hint, tolerance=TP_TOLERANCE)
 
 
 @check_for("22", "tensor-parallel attention: one activation-sized all-reduce in forward, one in backward", points=1,
@@ -654,7 +621,7 @@ def sp_matches(ns: Any) -> None:
                                                                                  atol=TP_TOLERANCE):
                 raise CheckFailed(f"rank {rank}: the {what} of its tokens differs from the unsplit block's",
                                   hint=hint, expected=f"{tuple(expected.shape)} within {TP_TOLERANCE:g}",
-                                  got="no gradient" if got is None else _gap(got, expected))
+                                  got="no gradient" if got is None else gap(got, expected))
         for name, expected in expected_grads.items():
             got = record["grads"].get(name)
             if got is None or got.shape != expected.shape or not torch.allclose(got, expected, rtol=0,
@@ -663,7 +630,7 @@ def sp_matches(ns: Any) -> None:
                     f"rank {rank}: block[{name.replace('.', '].')}'s gradient is not the part of the unsplit "
                     "block's that reaches this rank", hint=hint,
                     expected=f"{tuple(expected.shape)} within {TP_TOLERANCE:g}",
-                    got="no gradient" if got is None else _gap(got, expected))
+                    got="no gradient" if got is None else gap(got, expected))
 
 
 @check_for("22", "sequence parallelism: an all-gather and a reduce-scatter each way, one all-reduce's bytes",
