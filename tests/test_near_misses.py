@@ -5,12 +5,30 @@ rules give different answers (docs/mutation.md lists the mutants; docs/grading.m
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from course_lib.grading import notebook
 from test_grading_variants import judge_row
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _solution_edited(number: str, old: str, new: str) -> str:
+    """The solution's exercise cells with ``old`` replaced by ``new`` once (the mutant `make mutation` made)."""
+    (path,) = sorted((REPO / "solutions").glob(f"{number}_*.ipynb"))
+    cells = [notebook.source(c) for c in notebook.read(path)["cells"]
+             if c.get("cell_type") == "code" and "exercise" in notebook.tags(c)]
+    source = "\n\n".join(cells)
+    assert source.count(old) >= 1, f"the solution of {number} no longer contains {old!r}"
+    return source.replace(old, new, 1)
+
 
 # (exercise, the near miss, the code, a word from the name of the check that must fail)
 NEAR_MISSES = [
+    ("01", "a flag without its value found only at position 0 (1 >= len(argv) instead of i + 1)",
+     _solution_edited("01", "if i + 1 >= len(argv) or", "if 1 >= len(argv) or"), "malformed"),
     ("03", "warmup=0 refused (warmup <= 0 instead of < 0)", """
         def steady_state(times, warmup):
             if warmup <= 0 or warmup >= len(times):

@@ -83,7 +83,8 @@ def _error_cases(seed: int) -> list[tuple[list[str], str]]:
     value = str(3 + seed % 40)
     return [([f"--{_MISSPELT[seed % len(_MISSPELT)]}", value], "a misspelt flag"),
             (["--depth"], "a flag without its value"), (["--depth", "seven"], "a value of the wrong type"),
-            ([value], "a value without a flag")]
+            ([value], "a value without a flag"),
+            (["--rate", "1e-3", "--depth"], "a flag without its value, last after others")]  # not at position 0
 
 
 def _errors(ns: dict[str, Any], cases: list[tuple[list[str], str]]) -> list[list[str]]:
