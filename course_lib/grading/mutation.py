@@ -21,6 +21,7 @@ import json
 import os
 import select
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -312,13 +313,19 @@ def _judge_in_child(number: str, nb: dict[str, Any], seed: int, write_fd: int) -
     from course_lib.grading.worker import load_namespace
 
     api.set_run_seed(seed)
+    os.environ[_CHILD] = "1"  # a mutant that relaunches this program (Lightning's DDP launcher does) gets no run
     ns = load_namespace(nb)
     failed = [r.name for r in observe_and_judge(number, ns) if not r.passed]
     os.write(write_fd, json.dumps(failed).encode())
 
 
+_CHILD = "COURSE_MUTATION_CHILD"
+
+
 def judge(number: str, nb: dict[str, Any], seed: int, timeout_s: float) -> tuple[str, list[str]]:
     """``("killed" | "survived" | "timeout" | "crashed", failing checks)`` of ``nb`` judged in a forked child."""
+    sys.stdout.flush()  # or the child inherits what is buffered and prints it again
+    sys.stderr.flush()
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its own process group, so a timeout also ends what the checks started
@@ -373,8 +380,11 @@ class Outcome:
     equivalent: str
 
 
-def run_exercise(number: str, seed: int, timeout_s: float, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Judge the solution (it must pass every check) and then each of its mutants."""
+def run_exercise(number: str, seed: int, timeout_s: float, log: Callable[[str], None] = print,
+                 previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Judge the solution (it must pass every check) and then each of its mutants; with ``previous`` (an earlier
+    result of this exercise), only the mutants that survived it, the others keeping their outcome (for checks made
+    stricter since: a mutant they killed stays killed)."""
     import torch
 
     from course_lib.grading import api
@@ -395,7 +405,12 @@ def run_exercise(number: str, seed: int, timeout_s: float, log: Callable[[str], 
     outcomes = []
     all_mutants = mutants(nb)
     log(f"exercise {number}: {len(all_mutants)} mutants, the solution judged in {baseline_s:.1f} s")
+    before = {o["mutant"]: o for o in (previous or {}).get("outcomes", [])}
     for k, m in enumerate(all_mutants, 1):
+        kept = before.get(m.describe())
+        if kept is not None and kept["status"] != "survived":
+            outcomes.append(Outcome(**kept))
+            continue
         status, failed = judge(number, with_cell(nb, m.cell, m.source), seed, timeout_s)
         outcome = Outcome(m.describe(), m.where, status, failed, equivalence(number, m))
         outcomes.append(outcome)
@@ -474,9 +489,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
                         help="seconds one mutant may take before it counts as killed (default 120)")
     parser.add_argument("--seed", type=int, default=1234, help="the grading run's seed every mutant is judged with")
+    parser.add_argument("--survivors", action="store_true",
+                        help="judge again only the stored survivors of each exercise (after making checks stricter)")
     parser.add_argument("--report-only", action="store_true",
                         help=f"judge nothing: write {REPORT.name} again from the stored results and today's reasons")
     args = parser.parse_args(argv)
+    if os.environ.get(_CHILD):  # started by a mutant (a launcher that re-runs the command line): judge nothing
+        print("error: started from inside a mutant's run; nothing judged", file=sys.stderr)
+        return 2
     if args.report_only:
         if not RESULTS.exists():
             parser.error(f"--report-only: {RESULTS.relative_to(REPO)} does not exist yet; run without it first")
@@ -494,8 +514,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             solution_path(number)
         except ValueError as exc:
             parser.error(str(exc))
+    stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for number in numbers:
-        result = run_exercise(number, args.seed, args.timeout)
+        result = run_exercise(number, args.seed, args.timeout,
+                              previous=stored.get(number) if args.survivors else None)
         # Read again before writing, after each exercise: runs of other exercises may have finished meanwhile, and an
         # interrupted run keeps what it measured.
         results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
