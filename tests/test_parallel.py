@@ -110,15 +110,46 @@ def test_lesson_13_teaches_on_when_a_busy_sweep_cannot_be_fitted(busy: bool, tmp
                           "predicted_s": None if busy else 0.0008 * m} for cap, m in ((0.25, 9), (25.0, 1))}
     (tmp_path / "cost.json").write_text(json.dumps({"rows": rows, "bandwidth": bandwidth, "latency": latency,
                                                     "refused": refused, "buckets": buckets}))
+    # the data-parallel steps: 2,000,000 parameters (8 MB of gradients), 10 ms of compute, 30 ms of all-reduce
+    dp = {"parameters": 2_000_000, "versions": {"after backward": {"all_reduce calls": 30}},
+          "after backward phases": {"compute_ms": 10.0, "allreduce_ms": 30.0}}
     said: list[str] = []
-    namespace = {"json": json, "run_dir": tmp_path, "plt": plt, "comm": comm,
+    namespace = {"json": json, "run_dir": tmp_path, "plt": plt, "comm": comm, "dp": dp,
                  "lesson": SimpleNamespace(say=said.append)}
-    for source in _lesson_13_cells('cost = json.loads((run_dir / "cost.json")', "bytes sent per rank"):
+    for source in _lesson_13_cells('cost = json.loads((run_dir / "cost.json")', "bytes sent per rank",
+                                   "comm.comm_bound_world("):
         exec(compile(source, "lesson-13-cell", "exec"), namespace)
     plt.close("all")
     out = "\n".join(said) + capsys.readouterr().out
     assert ("No fit this time" in out and refused in out and "no fit (see above)" in out) == busy
     assert ("Fitted on this machine" in out and "measured / predicted" in out) == (not busy)
+    assert ("the model has nothing to predict from" in out) == busy
+    if not busy:  # 1 GB/s and 50 us: 8 MB take 8.1 ms on 2 ranks, 10 ms of compute are reached at 3 ranks
+        assert comm.comm_bound_world(0.010, 8e6, 50e-6, 1e9) == 3
+        assert "prices that all-reduce on 2 ranks at 8.1 ms" in out and "reaches the compute at 3 ranks" in out
+        assert f"at 8 ranks {comm.bandwidth_for_compute(0.010, 8e6, 8, 50e-6) / 1e9:.2f} GB/s" in out
+        assert "at 64 ranks none: the latency term alone, 2 · 63 · α = 6.3 ms" not in out  # 6.3 < 10 ms: a link
+        assert "30.0 ms as the steps sent it (3.70x" in out
+
+
+@pytest.mark.parametrize(("waiting", "answer"), [((0.50, 0.12), "less with 8"), ((0.55, 0.50), "the same share"),
+                                                 ((0.02, 0.01), "none with either")])
+def test_lesson_13_pipeline_reveal_follows_the_measured_waiting(tmp_path: Path, waiting: tuple[float, float],
+                                                               answer: str) -> None:
+    """The bubble's reveal picks its answer from the waiting shares it was given, and says where they sit against
+    (p - 1)/(m + p - 1)."""
+    (reveal,) = _lesson_13_cells('glob("pipeline.rank*.json")')
+    for rank in range(2):
+        runs = {m: {"step_s": 0.2, "waiting": share, "bubble": 1 / (m + 1)} for m, share in zip((1, 8), waiting)}
+        (tmp_path / f"pipeline.rank{rank}.json").write_text(json.dumps({"rank": rank, "rows": 1440, "runs": runs}))
+    shown: list[tuple[str, str]] = []
+    exec(compile(reveal, "lesson-13-cell", "exec"),
+         {"json": json, "run_dir": tmp_path, "lesson": SimpleNamespace(say=lambda text: None),
+          "guess_bubble": SimpleNamespace(reveal=lambda actual, why: shown.append((actual, why)))})
+    (actual, why), = shown
+    assert actual.startswith(answer), actual
+    assert f"{waiting[1]:.0%} with 8 (the model: 11%)" in why
+    assert ("Above the model with 1 and 8" in why) == (answer == "the same share")
 
 
 def test_buckets_fill_to_the_cap_and_a_large_parameter_travels_alone() -> None:
