@@ -320,6 +320,11 @@ def _judge_in_child(number: str, nb: dict[str, Any], seed: int, write_fd: int) -
 
 
 _CHILD = "COURSE_MUTATION_CHILD"
+# Exercises whose checks start ranks through a fork server (course_lib.grading.ddp_ranks): in a forked child it
+# cannot start them, so every mutant would fail for that reason and count as killed. Not measured until each mutant
+# runs in a fresh interpreter.
+NOT_FORKABLE = {"11": "two ranks through ddp_ranks' fork server", "21": "two ranks through ddp_ranks' fork server",
+                "22": "two ranks through ddp_ranks' fork server"}
 
 
 def judge(number: str, nb: dict[str, Any], seed: int, timeout_s: float) -> tuple[str, list[str]]:
@@ -465,9 +470,11 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         lines.append(f"| {number} | {s['made']} | {s['killed']} | {s['timeouts']} | {s['equivalent']} | "
                      f"{s['survived']} | {s['rate']:.1%}{mark} | {results[number]['seconds']:.0f} |")
     missing = sorted({p.name[:2] for p in SOLUTIONS.glob("[0-9][0-9]_*.ipynb")} - set(results))
-    if missing:
-        lines += ["", f"Not measured yet: exercise(s) {', '.join(missing)} (`make mutation MUTATION_ARGS='--exercise "
-                      f"{missing[0]}'`)."]
+    for number in missing:
+        why = (f"its checks start {NOT_FORKABLE[number]}, which a forked mutant cannot (every mutant would count as "
+               "killed)" if number in NOT_FORKABLE else
+               f"not run yet (`make mutation MUTATION_ARGS='--exercise {number}'`)")
+        lines += ["", f"Exercise {number} is not measured: {why}."]
     lines += ["", "## Survivors", ""]
     for number in sorted(results):
         survived = [o for o in results[number]["outcomes"] if o["status"] == "survived"]
@@ -514,6 +521,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             solution_path(number)
         except ValueError as exc:
             parser.error(str(exc))
+    skipped = [n for n in numbers if n in NOT_FORKABLE]
+    for number in skipped:
+        print(f"exercise {number}: not measured: its checks start {NOT_FORKABLE[number]}, which a forked mutant "
+              "cannot")
+    numbers = [n for n in numbers if n not in NOT_FORKABLE]
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for number in numbers:
         result = run_exercise(number, args.seed, args.timeout,
