@@ -80,6 +80,8 @@ NEAR_MISSES = [
                 sizes.append(count)
             return {"loss": total_loss / total_count, "steps": len(sizes), "group_sizes": sizes}
         """, "big batch"),
+    ("07", "the model left in the eval mode it arrived in (no model.train())",
+     _solution_edited("07", "    model.train()\n    optimizer.zero_grad", "    optimizer.zero_grad"), "big batch"),
     ("07", "class-weighted: group_sizes counts the ignored targets", """
         _solution_weighted = train_accumulated_weighted
         def train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4):

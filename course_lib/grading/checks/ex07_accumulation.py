@@ -132,13 +132,15 @@ def _trained(ns: dict[str, Any], seed: int, weighted: bool) -> dict[str, Any]:
         fn = need(ns, "train_accumulated",
                   "define `train_accumulated(model, loader, optimizer, device, microbatches=4)`")
         data, extra = _data(seed, _n(seed)), ()
-    model = _model(seed)
+    model = _model(seed).eval()  # left in eval mode by an earlier evaluation: an epoch of training sets train mode
     for p in model.parameters():  # gradients left from earlier work: the first step must not include them
         p.grad = torch.full_like(p, 0.25)
+    modes: list[bool] = []
+    model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
     opt = CountingSGD(model.parameters(), lr=LR)
     result = call(fn, model, _loader(data), opt, torch.device("cpu"), *extra, microbatches=ACCUM)
     return {"steps_taken": opt.steps_taken, "result": _as_result(result),
-            "weights": [p.detach() for p in model.parameters()]}
+            "weights": [p.detach() for p in model.parameters()], "eval_forwards": modes.count(False)}
 
 
 _WEIGHTS = torch.tensor([0.2, 1.0, 3.5])
@@ -179,6 +181,11 @@ def equals_big_batch(ns: dict[str, Any]) -> None:
     seed = run_seed(ns)
     seen = observe(ns, _trained, seed, False)
     data = _data(seed, _n(seed))
+    if seen.get("eval_forwards"):
+        raise CheckFailed(f"{seen['eval_forwards']} forward pass(es) ran with the model in eval mode: an epoch of "
+                          "training runs in training mode (dropout and batch norm behave differently in eval mode)",
+                          hint="call model.train() at the start: the model may arrive in eval mode",
+                          expected="every forward in training mode", got=f"{seen['eval_forwards']} in eval mode")
     truth, loss = _big_batch_run(seed, data, MICRO * ACCUM, F.cross_entropy)
     diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
@@ -219,6 +226,10 @@ def weighted(ns: dict[str, Any]) -> None:
     def weighted_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(out, y, weight=weights)
 
+    if seen.get("eval_forwards"):
+        raise CheckFailed(f"{seen['eval_forwards']} forward pass(es) ran with the model in eval mode",
+                          hint="call model.train() at the start: the model may arrive in eval mode",
+                          expected="every forward in training mode", got=f"{seen['eval_forwards']} in eval mode")
     truth, loss = _big_batch_run(seed, data, MICRO * ACCUM, weighted_loss, weights)
     diff = _max_diff(seen["weights"], truth)
     if diff > 1e-5:
