@@ -14,7 +14,8 @@ finishes the remaining backwards. The bubble is the same, but stage ``s`` never 
 micro-batches' activations: at most ``p``, whatever ``m``, so ``m`` can grow to shrink the bubble without the memory
 growing with it.
 
-Practised in exercise 22 (``exercises/22_beyond_dp.ipynb``).
+Taught in lesson 13 (``notebooks/13_parallel.ipynb``: two ranks run GPipe steps in :func:`stage_order`'s order and
+measure the bubble against :func:`bubble_fraction`); practised in exercise 22 (``exercises/22_beyond_dp.ipynb``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _check(stages: int, micro_batches: int, stage: int = 0) -> None:
 def bubble_fraction(stages: int, micro_batches: int) -> float:
     """GPipe's idle share of a step, ``(p - 1) / (m + p - 1)`` (1F1B's is the same).
 
-    Practised in exercise 22 (``exercises/22_beyond_dp.ipynb``).
+    Taught in lesson 13 (``notebooks/13_parallel.ipynb``); practised in exercise 22 (``exercises/22_beyond_dp.ipynb``).
     """
     _check(stages, micro_batches)
     return (stages - 1) / (micro_batches + stages - 1)
@@ -42,7 +43,7 @@ def stage_order(schedule: str, stages: int, micro_batches: int, stage: int) -> l
     its backward. ``"gpipe"``: every forward, then every backward; ``"1f1b"``: warm-up forwards, one forward one
     backward, then the remaining backwards.
 
-    Practised in exercise 22 (``exercises/22_beyond_dp.ipynb``).
+    Taught in lesson 13 (``notebooks/13_parallel.ipynb``); practised in exercise 22 (``exercises/22_beyond_dp.ipynb``).
     """
     _check(stages, micro_batches, stage)
     if schedule not in SCHEDULES:
