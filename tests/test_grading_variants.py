@@ -309,6 +309,28 @@ WRONG: list[tuple[str, str, str, str]] = [
         def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
             return _solution_tune(measure, baseline, candidates, budget_mib, float("inf"))
         """, "memory"),
+    ("02", "a trial exactly at the memory budget called over memory (>=)", """
+        _solution_tune = tune_loader
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            return _solution_tune(measure, baseline, candidates, budget_mib - 1e-9, max_loss_rise)
+        """, "memory"),
+    ("02", "a val_loss exactly max_loss_rise above the baseline's called worse validation (>=)", """
+        _solution_tune = tune_loader
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            return _solution_tune(measure, baseline, candidates, budget_mib, max_loss_rise - 1e-9)
+        """, "verdict"),
+    ("02", "any rise of val_loss called worse validation (max_loss_rise left out)", """
+        _solution_tune = tune_loader
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            return _solution_tune(measure, baseline, candidates, budget_mib, 0.0)
+        """, "verdict"),
+    ("02", "the baseline's row not kept", """
+        _solution_tune = tune_loader
+        def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):
+            chosen, rows = _solution_tune(measure, baseline, candidates, budget_mib, max_loss_rise)
+            rows[0]["kept"] = False
+            return chosen, rows
+        """, "log"),
     ("02", "samples/s as batches per second (batch size left out)", """
         _solution_tune = tune_loader
         def tune_loader(measure, baseline, candidates, budget_mib, max_loss_rise=0.02):

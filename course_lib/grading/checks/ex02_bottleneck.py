@@ -582,8 +582,19 @@ def _tuning_inputs(seed: int) -> tuple[dict[str, Any], dict[str, list[Any]], flo
     if tuple(keys) == TUNING_ORDER:
         keys.reverse()
     baseline = {"num_workers": 0, "batch_size": batch, "pin_memory": False, "prefetch_factor": None}
-    budget = 300.0 + batch * 5.5 + 20 * (seed % 3)  # batch * 4 never fits, batch * 2 does
-    return baseline, {k: candidates[k] for k in keys}, budget, 0.02 + seed % 3 / 100
+    candidates = {k: candidates[k] for k in keys}
+    rise = _loss_rise(seed)
+    # The budget is exactly the peak of the batch * 2 trial: at the budget is legal (only more is over memory), so
+    # `peak_mib >= budget_mib` calls it over memory. Batch * 4 never fits; every other trial is far below.
+    _, unlimited = reference_tuning(_SyntheticLoader(seed), baseline, candidates, math.inf, rise)
+    budget = next(r["peak_mib"] for r in unlimited if r["setting"] == "batch_size" and r["value"] == batch * 2)
+    return baseline, candidates, budget, rise
+
+
+def _loss_rise(seed: int) -> float:
+    """The run's max_loss_rise: a multiple of 1/128, so the baseline's val_loss plus it is exact in binary and the
+    half batch sits exactly at the limit however a learner writes the comparison (a - b > rise or a > b + rise)."""
+    return (3 + seed % 3) / 128
 
 
 class _SyntheticLoader:
@@ -591,8 +602,9 @@ class _SyntheticLoader:
 
     No timing happens: every number is made up from the config and the run's seed, so the rules (not the machine)
     decide. Workers help up to 2 then stop (the third count is within the noise of 2), half batches are slower per
-    sample, doubling the batch is faster but validates worse, four times the batch is fastest but does not fit in
-    memory, pinned memory changes nothing on this CPU, and deeper prefetch helps a little.
+    sample and validate exactly max_loss_rise worse (still the same training: only more is worse validation),
+    doubling the batch is faster but validates worse and exactly fills the memory budget, four times the batch is
+    fastest but does not fit in memory, pinned memory changes nothing on this CPU, and deeper prefetch helps a little.
     """
 
     def __init__(self, seed: int) -> None:
@@ -606,7 +618,11 @@ class _SyntheticLoader:
         speed *= {0.5: 0.8, 1.0: 1.0, 2.0: 1.35, 4.0: 1.6}.get(ratio, 1.0)
         if cfg.get("prefetch_factor") == 4 and workers > 0:
             speed *= 1.15 + self.seed % 5 / 100
-        loss = 0.5 + self.seed % 7 / 100 + (0.08 if ratio >= 2 else 0.0)
+        loss = 0.5 + self.seed % 7 / 128  # exact in binary, as is loss + _loss_rise(seed)
+        if ratio >= 2:
+            loss += 0.08
+        elif ratio < 1:
+            loss += _loss_rise(self.seed)  # exactly at the limit: not worse validation
         return speed, loss
 
     def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -756,6 +772,11 @@ def tuning_limits(ns: dict[str, Any]) -> None:
 @check_for("02", "tuning log records samples/s, memory and val_loss", parts=("02.10",))
 def tuning_log(ns: dict[str, Any]) -> None:
     seen, _, log, _ = _tuning_seen(ns)
+    first = seen["log"][0] if seen["log"] else {}
+    if (first.get("kept"), first.get("reason")) != (True, "baseline"):
+        raise CheckFailed("the baseline's row is kept (it is the config every later trial starts from), with "
+                          "reason 'baseline'", expected={"kept": True, "reason": "baseline"},
+                          got={"kept": first.get("kept"), "reason": first.get("reason")})
     for want, got in zip(log, seen["log"]):
         for key in ("samples_per_s", "peak_mib", "val_loss"):
             value = got[key]
