@@ -154,6 +154,56 @@ class UnusedLayer(Reference):
         return _UnusedLayerNet(self.in_features, self.num_classes)
 
 
+class _PrunedNet(TinyClassifier):
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 32) -> None:
+        super().__init__(in_features, num_classes, hidden)
+        keep = torch.ones(hidden)
+        keep[-hidden // 4 :] = 0.0  # the last quarter of the hidden units is pruned
+        self.register_buffer("keep", keep)
+        import numpy as np
+
+        with torch.no_grad():  # the pruned units' weights from NumPy's generator, which torch.manual_seed leaves alone
+            pruned = self.hidden.weight[-hidden // 4 :]
+            pruned.copy_(torch.from_numpy(np.random.uniform(-0.1, 0.1, tuple(pruned.shape))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.norm(self.inp(x)))
+        return self.head(F.relu(self.hidden(h)) * self.keep)
+
+
+class PrunedUnseeded(Reference):
+    """Bug: the weights of pruned hidden units (a mask zeroes their output) come from NumPy's random generator,
+    which ``torch.manual_seed`` does not seed. They never change the loss, so two seeded runs give the same losses,
+    but one weight tensor differs between them: the saved weights are not reproducible."""
+
+    name = "one weight tensor differs between seeded runs"
+
+    def build(self) -> nn.Module:
+        return _PrunedNet(self.in_features, self.num_classes)
+
+
+class _ZeroGateNet(TinyClassifier):
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 32) -> None:
+        super().__init__(in_features, num_classes, hidden)
+        self.branch = nn.Linear(hidden, hidden)
+        self.register_buffer("gate", torch.zeros(()))  # meant to be an nn.Parameter: as a buffer it stays 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.norm(self.inp(x)))
+        h = F.relu(self.hidden(h)) + self.gate * self.branch(h)
+        return self.head(h)
+
+
+class ZeroGradient(Reference):
+    """Bug: an extra branch is scaled by a gate registered as a buffer, not a parameter, so it stays 0: the branch's
+    weights are in the graph and get a ``.grad``, but it is all zeros, and they never learn."""
+
+    name = "layer whose gradient is all zeros"
+
+    def build(self) -> nn.Module:
+        return _ZeroGateNet(self.in_features, self.num_classes)
+
+
 class _PlainListNet(TinyClassifier):
     def __init__(self, in_features: int, num_classes: int, hidden: int = 32) -> None:
         super().__init__(in_features, num_classes, hidden)
@@ -194,8 +244,8 @@ class DropsBuffers(Reference):
         return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-BROKEN: tuple[type[Reference], ...] = (WrongShape, DetachedLoss, IgnoresSeed, UnusedLayer, PlainList,
-                                       DropsOptimizer, DropsBuffers)
+BROKEN: tuple[type[Reference], ...] = (WrongShape, DetachedLoss, IgnoresSeed, PrunedUnseeded, UnusedLayer,
+                                       ZeroGradient, PlainList, DropsOptimizer, DropsBuffers)
 TEST_NAMES = ("test_shapes", "test_overfit_one_batch", "test_determinism", "test_gradient_flow",
               "test_checkpoint_roundtrip")
 

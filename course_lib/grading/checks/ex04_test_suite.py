@@ -25,7 +25,8 @@ def _suite(ns: dict[str, Any]) -> dict[str, Callable[..., None]]:
     return tests
 
 
-# Outcomes per (suite, implementation), so the eight checks run the correct implementation once.
+# Outcomes per (suite, implementation), so the checks (one per broken implementation, and one more) run the correct
+# implementation once.
 _RUNS: dict[tuple[Any, ...], dict[str, str]] = {}
 
 
@@ -75,7 +76,9 @@ CATCHER: dict[type[targets.Reference], str] = {
     targets.WrongShape: "test_shapes",
     targets.DetachedLoss: "test_overfit_one_batch",
     targets.IgnoresSeed: "test_determinism",
+    targets.PrunedUnseeded: "test_determinism",
     targets.UnusedLayer: "test_gradient_flow",
+    targets.ZeroGradient: "test_gradient_flow",
     targets.PlainList: "test_checkpoint_roundtrip",
     targets.DropsOptimizer: "test_checkpoint_roundtrip",
     targets.DropsBuffers: "test_checkpoint_roundtrip",
@@ -118,7 +121,11 @@ _HINTS: dict[type[targets.Reference], str] = {
     targets.WrongShape: "check the logits' shape for several batch sizes, including 1",
     targets.DetachedLoss: "train a few dozen steps on one fixed batch: the loss should drop close to zero",
     targets.IgnoresSeed: "build and train twice with the same seed: losses and weights must match exactly",
+    targets.PrunedUnseeded: "compare every weight tensor of the two seeded runs (all of them), not only the losses: "
+                            "weights the loss never sees can still differ",
     targets.UnusedLayer: "after one backward, every parameter should have a non-zero .grad",
+    targets.ZeroGradient: "after one backward, every parameter's .grad should exist and not be all zeros: a gradient "
+                          "of zeros never moves the weight",
     targets.PlainList: "after load, the restored model (eval mode) should give the same outputs as the saved one",
     targets.DropsOptimizer: "after load, one more train_step on both copies should give the same loss and weights",
     targets.DropsBuffers: "compare outputs in eval mode after training a few steps: running statistics matter there",
