@@ -62,6 +62,42 @@ TUNING_EXTRA_MEASUREMENT = """
             return _solution_tune(measure, baseline, candidates, budget_mib, max_loss_rise)
         """
 
+# Exercise 07: the solution's epoch with its two divisions written as given (a group's, the epoch's).
+ACCUMULATED = """
+        def train_accumulated(model, loader, optimizer, device, microbatches=4):
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            total_loss, total_count, sizes = 0.0, 0, []
+            for group in _groups(loader, microbatches):
+                count = sum(int((y != -100).sum()) for _, y in group)
+                for x, y in group:
+                    loss_sum = F.cross_entropy(model(x), y, reduction="sum")
+                    (loss_sum / GROUP).backward()
+                    total_loss += loss_sum.item()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total_count += count
+                sizes.append(count)
+            return {"loss": total_loss / EPOCH, "steps": len(sizes), "group_sizes": sizes}
+        """
+ACCUMULATED_WEIGHTED = """
+        def train_accumulated_weighted(model, loader, optimizer, device, class_weights, microbatches=4):
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            total_loss, total_weight, sizes = 0.0, 0.0, []
+            for group in _groups(loader, microbatches):
+                denominator = sum(float(class_weights[y[y != -100]].sum()) for _, y in group)
+                for x, y in group:
+                    loss_sum = F.cross_entropy(model(x), y, weight=class_weights, reduction="sum")
+                    (loss_sum / GROUP).backward()
+                    total_loss += loss_sum.item()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total_weight += denominator
+                sizes.append(sum(int((y != -100).sum()) for _, y in group))
+            return {"loss": total_loss / EPOCH, "steps": len(sizes), "group_sizes": sizes}
+        """
+
 # (exercise, what the mistake is, the code, a word from the name of the check that must fail)
 WRONG: list[tuple[str, str, str, str]] = [
     # ---------------------------------------------------------------- 01
@@ -521,6 +557,24 @@ WRONG: list[tuple[str, str, str, str]] = [
                 sizes.append(sum(int((y != -100).sum()) for _, y in group))
             return {"loss": total_loss / total_weight, "steps": len(sizes), "group_sizes": sizes}
         """, "class-weighted"),
+    ("07", "a hand-written masked loss: a group of padding only divides 0 by 0 (NaN gradients)",
+     ACCUMULATED.replace("F.cross_entropy(model(x), y, reduction=\"sum\")",
+                         "(-F.log_softmax(model(x), -1).gather(1, y.clamp(min=0)[:, None]).squeeze(1)"
+                         " * (y != -100)).sum()")
+     .replace("GROUP", "count").replace("EPOCH", "max(total_count, 1)"), "padding only"),
+    ("07", "the epoch's loss guarded with max(total_count, 2) (wrong for an epoch of one target)",
+     ACCUMULATED.replace("GROUP", "max(count, 1)").replace("EPOCH", "max(total_count, 2)"), "padding only"),
+    ("07", "an epoch without targets divides by 0 (ZeroDivisionError)",
+     ACCUMULATED.replace("GROUP", "max(count, 1)").replace("EPOCH", "total_count"), "padding only"),
+    ("07", "weighted, a hand-written masked loss: a group of padding only divides 0 by 0 (NaN gradients)",
+     ACCUMULATED_WEIGHTED.replace("F.cross_entropy(model(x), y, weight=class_weights, reduction=\"sum\")",
+                                  "(-F.log_softmax(model(x), -1).gather(1, y.clamp(min=0)[:, None]).squeeze(1)"
+                                  " * class_weights[y.clamp(min=0)] * (y != -100)).sum()")
+     .replace("GROUP", "denominator").replace("EPOCH", "max(total_weight, 1e-12)"),
+     "class-weighted: a group of padding only"),
+    ("07", "weighted: an epoch without targets divides by 0 (ZeroDivisionError)",
+     ACCUMULATED_WEIGHTED.replace("GROUP", "max(denominator, 1e-12)").replace("EPOCH", "total_weight"),
+     "class-weighted: a group of padding only"),
     # ---------------------------------------------------------------- 08
     ("08", "optimizer.step() instead of scaler.step()", """
         def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
@@ -993,13 +1047,18 @@ RIGHT: list[tuple[str, str, str]] = [
                 optimizer.zero_grad()
                 for x, y in group:
                     loss = F.cross_entropy(model(x.to(device)), y.to(device), reduction="sum")
-                    (loss / targets).backward()
+                    if targets:  # a group of padding only: no backward at all
+                        (loss / targets).backward()
                     total += float(loss)
                 optimizer.step()
                 count += targets
                 sizes.append(targets)
-            return {"loss": total / count, "steps": len(sizes), "group_sizes": sizes}
+            return {"loss": total / count if count else 0.0, "steps": len(sizes), "group_sizes": sizes}
         """),
+    ("07", "weighted, both divisions guarded with max(..., 1e-12)",
+     ACCUMULATED_WEIGHTED.replace("GROUP", "max(denominator, 1e-12)").replace("EPOCH", "max(total_weight, 1e-12)")),
+    ("07", "the group's division guarded with max(count, 1), the epoch's with an if",
+     ACCUMULATED.replace("GROUP", "max(count, 1)").replace("EPOCH", "total_count if total_count else 0.0")),
     ("08", "autocast written with enabled=, dtype defaulted", """
         def amp_step(model, batch, optimizer, scaler, device, amp_dtype, max_norm):
             x, y = (t.to(device) for t in batch)

@@ -229,6 +229,11 @@ EQUIVALENT: dict[tuple[str, ...], str] = {
     ("07", "optimizer.zero_grad(set_to_none=True)", "True", "False"):
         "every parameter gets a gradient in every group, so gradients zeroed in place and gradients set to None give "
         "the same next gradients and the same step",
+    ("07", "(loss_sum / max(count, 1)).backward()", "1", "0"):
+        "differs only for a group of padding only (count 0), where loss_sum is 0 and the division 0/0 is NaN; "
+        "cross_entropy's backward gives an ignored (-100) target exactly zero gradient whatever comes from above (here "
+        "inf), so the gradients are zeros and the step the same; what is added to the epoch's loss is loss_sum, not "
+        "the quotient (the check's padding-only group gives the same weights and loss either way)",
     ("09", "torch.zeros((), dtype=torch.float64, device=device)", "torch.zeros((), dtype=torch.float64)"): _ON_THE_CPU,
     ("09", "torch.zeros((), dtype=torch.long, device=device)", "torch.zeros((), dtype=torch.long)"): _ON_THE_CPU,
     ("09", "torch.long", "torch.int"): _EXACT_COUNT,

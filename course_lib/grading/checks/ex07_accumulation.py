@@ -7,7 +7,8 @@ The learner defines ``train_accumulated(model, loader, optimizer, device, microb
 The ground truth is simple: with plain SGD, each optimizer step must move the weights exactly as one step on
 the concatenation of the group's micro-batches would. The checks run both on shapes the notebook does not show
 (36 to 39 samples in micro-batches of 5, three per group: the last group holds two micro-batches, the second of
-them short, and 1 to 3 targets per group are -100) and compare the weights.
+them short, and 1 to 3 targets per group are -100) and compare the weights. Two more epochs hold padding: one
+with a single real target and then a group of padding only, one without any real target.
 """
 
 from __future__ import annotations
@@ -257,3 +258,86 @@ def weighted(ns: dict[str, Any]) -> None:
         raise CheckFailed("with class weights, 'group_sizes' should still count the real targets of each group",
                           hint="the weights change the loss's denominator, not what group_sizes counts: the targets "
                                "!= -100 of each group", expected=sizes, got=got)
+
+
+# ------------------------------------------------------------------ groups and epochs of padding only
+def _padding_data(seed: int, empty: bool) -> TensorDataset:
+    """Two groups (micro-batches 5,5,5 | 5): the first holds one real target (where, and its class, drawn per run),
+    the second padding only; with ``empty``, one group of two micro-batches and no real target at all."""
+    g = torch.Generator().manual_seed(41 + seed)
+    n = 2 * MICRO if empty else (ACCUM + 1) * MICRO
+    y = torch.full((n,), -100)
+    if not empty:
+        y[int(torch.randint(0, MICRO * ACCUM, (1,), generator=g))] = int(torch.randint(0, CLASSES, (1,), generator=g))
+    return TensorDataset(torch.randn(n, 6, generator=g), y)
+
+
+def _padded(ns: dict[str, Any], seed: int, weighted: bool) -> dict[str, Any]:
+    """The learner's epoch on each padding data set: its result (or the error it raised) and the weights after."""
+    name = "train_accumulated_weighted" if weighted else "train_accumulated"
+    fn = need(ns, name, f"define `{name}(model, loader, optimizer, device, "
+                        f"{'class_weights, ' if weighted else ''}microbatches=4)`")
+    out = {}
+    for empty in (False, True):
+        model = _model(seed)
+        opt = CountingSGD(model.parameters(), lr=LR)
+        extra = (_WEIGHTS.clone(),) if weighted else ()
+        try:
+            result = _as_result(fn(model, _loader(_padding_data(seed, empty)), opt, torch.device("cpu"), *extra,
+                                   microbatches=ACCUM))
+        except Exception as exc:  # data here: the check says which epoch and why
+            result = f"raised {type(exc).__name__}: {exc}"[:200]
+        out["empty" if empty else "one"] = {"result": result, "weights": [p.detach() for p in model.parameters()]}
+    return out
+
+
+def _padding_truth(seed: int, empty: bool) -> tuple[nn.Module, float]:
+    """One SGD step on the single real target (the padding-only group adds nothing), and that target's loss."""
+    model = _model(seed)
+    if empty:
+        return model, 0.0
+    x, y = _padding_data(seed, empty).tensors
+    keep = y != -100
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loss = F.cross_entropy(model(x[keep]), y[keep])
+    loss.backward()
+    opt.step()
+    return model, float(loss.detach())
+
+
+def _check_padding(ns: dict[str, Any], weighted: bool) -> None:
+    seed = run_seed(ns)
+    seen = observe(ns, _padded, seed, weighted)
+    for key, what in (("one", "an epoch of one real target and then a group of padding only (every target -100)"),
+                      ("empty", "an epoch without a single real target")):
+        got, (truth, loss) = seen[key], _padding_truth(seed, key == "empty")
+        if not isinstance(got["result"], dict):
+            raise CheckFailed(f"{what}: {got['result']}",
+                              hint="a group of padding only has a count of 0: guard the division (its loss sum is "
+                                   "0, so it adds no gradient), and return loss 0.0 when the epoch has no targets",
+                              expected=f"loss {loss:.6g}", got=got["result"])
+        if not all(bool(torch.isfinite(w).all()) for w in got["weights"]):
+            raise CheckFailed(f"{what}: the weights are NaN after the epoch",
+                              hint="a group of padding only has a loss sum of 0 and a count of 0: 0/0 is NaN, and "
+                                   "one NaN gradient makes every weight NaN at the step. Divide by max(count, 1) or "
+                                   "skip the division when the count is 0",
+                              expected="finite weights", got="NaN")
+        diff = _max_diff(got["weights"], truth)
+        if diff > 1e-5:
+            raise CheckFailed(f"{what}: the weights differ from one step on the real target alone",
+                              hint="a group of padding only adds nothing to the gradients",
+                              expected="max |weight difference| < 1e-5", got=f"{diff:.3g}")
+        _check_loss(got["result"], loss, "0.0 for an epoch without targets (nothing was measured)" if key == "empty"
+                    else "the single target's loss: the epoch's summed losses over its one real target")
+
+
+@check_for("07", "a group of padding only adds no gradient; no targets at all: loss 0.0", points=1,
+           parts=("07.1",))
+def padding_only(ns: dict[str, Any]) -> None:
+    _check_padding(ns, weighted=False)
+
+
+@check_for("07", "class-weighted: a group of padding only adds no gradient; no targets at all: loss 0.0", points=1,
+           parts=("07.2",))
+def padding_only_weighted(ns: dict[str, Any]) -> None:
+    _check_padding(ns, weighted=True)
