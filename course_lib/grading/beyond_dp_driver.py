@@ -189,7 +189,15 @@ def _zero(ns: dict[str, Any], cfg: dict[str, Any], rank: int, events: list[list[
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise AttributeError("ReduceScatterAdamW needs an attribute `optimizer`: the torch.optim.AdamW over this "
                              f"rank's shard (found {type(optimizer).__name__})")
-    return {"params": flat(params), "state_bytes": moment_bytes(optimizer), "steps": steps}
+    return {"params": flat(params), "state_bytes": moment_bytes(optimizer), "exp_avg": first_moments(optimizer),
+            "steps": steps}
+
+
+def first_moments(optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """AdamW's first moments (exp_avg) over every parameter it steps, flattened in its groups' order: they scale with
+    the gradients it was given, where AdamW's update hardly does (m / sqrt(v) cancels a gradient's scale)."""
+    return torch.cat([optimizer.state[p]["exp_avg"].detach().flatten() for group in optimizer.param_groups
+                      for p in group["params"] if "exp_avg" in optimizer.state.get(p, {})] or [torch.zeros(0)])
 
 
 def _pp(ns: dict[str, Any], cfg: dict[str, Any], rank: int, events: list[list[Any]]) -> dict[str, Any]:

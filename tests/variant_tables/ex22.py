@@ -54,6 +54,12 @@ class ReduceScatterAdamW:
 """
 
 
+# The solution's reduction: each rank receives the sum of its own shard.
+REDUCE_SCATTER = """
+mine = torch.empty(self.size)
+dist.reduce_scatter_tensor(mine, flat, op=dist.ReduceOp.SUM)
+"""
+
 # Exercise 21's ZeRO-1: the whole gradient all-reduced, then this rank's slice taken.
 ALL_REDUCE = """
 dist.all_reduce(flat, op=dist.ReduceOp.SUM)
@@ -129,6 +135,10 @@ WRONG: list[tuple[str, str, str]] = [
      _zero(ALL_REDUCE), "traffic"),
     ("no reduction: each rank steps its shard with its own gradient",
      _zero("mine = flat[self.rank * self.size:(self.rank + 1) * self.size]", divide=""), "averaged"),
+    ("the reduce-scatter's sum stepped without dividing by the world size (AdamW's update hides the 2x: only its "
+     "moments show it)", _zero(REDUCE_SCATTER, divide=""), "averaged"),
+    ("the reduce-scatter's sum multiplied by the world size instead of divided",
+     _zero(REDUCE_SCATTER, divide=" * self.world"), "averaged"),
     ("no sharding: every rank steps AdamW over everything after an all-reduce", UNSHARDED, "moments"),
     ("an all-gather priced like a reduce-scatter ((world-1)/world of its input)", """
 def ring_bytes(records, world):

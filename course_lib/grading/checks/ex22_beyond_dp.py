@@ -62,8 +62,9 @@ def _ranks(ns: dict[str, Any], name: str = "zero") -> tuple[dict[str, Any], list
     return cfg, observe(ns, _section, cfg, name)
 
 
-def _averaged_adamw(cfg: dict[str, Any]) -> torch.Tensor:
-    """The reference: one AdamW over every parameter, stepped with the gradients averaged over the ranks."""
+def _averaged_adamw(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: one AdamW over every parameter, stepped with the gradients averaged over the ranks; its
+    parameters and its first moments, each flattened."""
     params = driver.zero_params(cfg)
     optimizer = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     for step in range(cfg["steps"]):
@@ -71,23 +72,40 @@ def _averaged_adamw(cfg: dict[str, Any]) -> torch.Tensor:
         for i, p in enumerate(params):
             p.grad = sum(grads[i] for grads in per_rank) / driver.WORLD
         optimizer.step()
-    return driver.flat(params)
+    return driver.flat(params), driver.first_moments(optimizer)
 
 
 @check_for("22", "ReduceScatterAdamW matches AdamW on the averaged gradients", points=2, parts=("22.1", "22.2"))
 def zero_matches_averaged(ns: dict[str, Any]) -> None:
     cfg, ranks = _ranks(ns)
-    want = _averaged_adamw(cfg)
+    want, want_moments = _averaged_adamw(cfg)
+    bounds = shard_bounds(want.numel(), driver.WORLD)
     for rank, record in enumerate(ranks):
         got = record["params"]
-        if got.shape == want.shape and torch.allclose(got, want, rtol=0, atol=ZERO_TOLERANCE):
-            continue
-        raise CheckFailed(
-            f"rank {rank}'s parameters after {cfg['steps']} steps differ from one AdamW over all {want.numel()} of "
-            "them stepped with the gradients averaged over the ranks",
-            hint="each rank's .grad is its own (not averaged): reduce-scatter (SUM) the padded flat gradient, divide "
-                 "your shard by the world size, step, then all-gather the updated shards into every parameter",
-            expected=f"within {ZERO_TOLERANCE:g} of AdamW on the averaged gradients", got=gap(got, want))
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=0, atol=ZERO_TOLERANCE):
+            raise CheckFailed(
+                f"rank {rank}'s parameters after {cfg['steps']} steps differ from one AdamW over all {want.numel()} of "
+                "them stepped with the gradients averaged over the ranks",
+                hint="each rank's .grad is its own (not averaged): reduce-scatter (SUM) the padded flat gradient, "
+                     "divide your shard by the world size, step, then all-gather the updated shards into every "
+                     "parameter",
+                expected=f"within {ZERO_TOLERANCE:g} of AdamW on the averaged gradients", got=gap(got, want))
+        # AdamW's update m / sqrt(v) cancels a gradient's scale, so the parameters alone cannot tell the average
+        # from the ranks' sum; the first moments can.
+        start, end = bounds[rank]
+        got_moments, shard_moments = record["exp_avg"][: end - start], want_moments[start:end]
+        if got_moments.shape != shard_moments.shape or not torch.allclose(got_moments, shard_moments, rtol=1e-4,
+                                                                         atol=1e-6):
+            scale = (got_moments.norm() / shard_moments.norm()).item() if got_moments.shape == shard_moments.shape \
+                else float("nan")
+            raise CheckFailed(
+                f"rank {rank}'s AdamW moments (exp_avg) are not those of the averaged gradients"
+                + (f": they are {scale:.2f}x them" if math.isfinite(scale) else ""),
+                hint="the reduce-scatter SUMs the ranks' gradients: divide your shard by the world size before the "
+                     "step (AdamW's step hides a gradient's scale; its moments do not, nor would SGD or clipping)",
+                expected=f"exp_avg of elements [{start}, {end}) as AdamW's on the averaged gradients",
+                got=gap(got_moments, shard_moments) if got_moments.shape == shard_moments.shape
+                else f"{got_moments.numel()} moments for {end - start} elements")
 
 
 @check_for("22", "optimizer state: each rank keeps its shard's moments only", points=1, parts=("22.1", "22.2"))
