@@ -178,7 +178,7 @@ def test_the_roofline_plot_shows_every_point_and_roof() -> None:
 def test_the_gpu_table_gives_mfu_against_the_datasheet_and_the_measured_peak() -> None:
     from course_lib.perf.mfu import format_rows
 
-    rows = [{"contender": "bf16 + compile", "precision": "bf16", "tokens_per_s": 1000.0, "mfu": 0.40,
+    rows = [{"contender": "bf16 + compile", "precision": "bf16", "batch": 64, "tokens_per_s": 1000.0, "mfu": 0.40,
              "peak_flops": 989e12, "mfu_measured": 0.55, "vs_first": 1.0},
             {"contender": "fp32 eager", "precision": "fp32", "tokens_per_s": 100.0, "mfu": None, "peak_flops": None,
              "vs_first": 0.1}]
@@ -186,3 +186,4 @@ def test_the_gpu_table_gives_mfu_against_the_datasheet_and_the_measured_peak() -
     assert "MFU (datasheet)" in table[0] and "MFU (measured peak)" in table[0]
     assert "| 40.0% | 989 TFLOP/s | 55.0% |" in table[2]
     assert "| - | unknown | - |" in table[3]  # neither figure known: said, not invented
+    assert "| bf16 | 64 |" in table[2] and "| fp32 | - |" in table[3]  # a row's own batch; none known: a dash

@@ -477,7 +477,7 @@ def format_rows(result: dict[str, Any]) -> str:
         peak = f"{row['peak_flops'] / 1e12:g} TFLOP/s" if row["peak_flops"] else "unknown"
         # Against the best matmul this GPU reached in its own sweep (course_lib.perf.ceiling), where measured.
         measured = f"{row['mfu_measured']:.1%}" if row.get("mfu_measured") is not None else "-"
-        lines.append(f"| {row['contender']} | {row['precision']} | {row.get('batch', result['batch'])} | "
+        lines.append(f"| {row['contender']} | {row['precision']} | {row.get('batch', result.get('batch', '-'))} | "
                      f"{row['tokens_per_s']:,.0f} | {m} | {peak} | {measured} | {row['vs_first']:.2f}x |")
     lines += [f"| {name} | skipped: {why} | | | | | | |" for name, why in result.get("skipped_contenders", {}).items()]
     return "\n".join(lines)
