@@ -673,6 +673,39 @@ WRONG: list[tuple[str, str, str, str]] = [
             scaler.update()
             return {"loss": 0.0, "grad_norm": float(norm)}
         """, "overflow skips"),
+    ("08", "AMP accumulation: gradients never zeroed (the previous group's join the next step)", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            count = sum(len(y) for _, y in micro_batches)
+            total = 0.0
+            for x, y in micro_batches:
+                with torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    logits = model(x)
+                loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
+                scaler.scale(loss_sum / count).backward()
+                total += loss_sum.item()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            return {"loss": total / count, "grad_norm": norm.item()}
+        """, "next group"),
+    ("08", "AMP accumulation: autocast without dtype= (bfloat16 on a CPU, whatever amp_dtype says)", """
+        def amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm):
+            optimizer.zero_grad(set_to_none=True)
+            count = sum(len(y) for _, y in micro_batches)
+            total = 0.0
+            for x, y in micro_batches:
+                with torch.autocast(device_type=device.type, enabled=amp_dtype is not None):
+                    logits = model(x)
+                loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
+                scaler.scale(loss_sum / count).backward()
+                total += loss_sum.item()
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            return {"loss": total / count, "grad_norm": norm.item()}
+        """, "autocast to amp_dtype"),
     # ---------------------------------------------------------------- 09
     ("09", "mean of batch means", """
         @torch.inference_mode()

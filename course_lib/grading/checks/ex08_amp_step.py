@@ -369,3 +369,72 @@ def accumulation_overflow(ns: dict[str, Any]) -> None:
     if seen["scale"] != 2.0**99:
         raise CheckFailed("after the overflow scaler.update() should halve the scale once",
                           expected=2.0**99, got=seen["scale"])
+
+
+def _next_group(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A second group of 9 samples (micro-batches of 4 and 5) to follow the first."""
+    g = torch.Generator().manual_seed(6 + seed)
+    x, y = torch.randn(9, 7, generator=g), torch.randint(0, 4, (9,), generator=g)
+    return [(x[:4], y[:4]), (x[4:], y[4:])]
+
+
+def _two_groups(ns: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Two groups in a row through one optimizer and a disabled scaler (bf16 on a CPU needs none; the forward runs
+    in fp32 here, so the weights are exact). Gradients the first group leaves in .grad are not divided by a scale
+    in the second, so a step that still holds them differs plainly."""
+    fn = need(ns, "amp_accumulate",
+              "define `amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm)`")
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    model = _Probe(seed)
+    opt = CountingSGD(model.parameters(), lr=0.5)
+    for group in (_micro_batches(seed), _next_group(seed)):
+        call(fn, model, group, opt, scaler, torch.device("cpu"), None, MAX_NORM)
+    return {"weights": [p.detach() for p in model.parameters()], "steps": opt.steps_taken}
+
+
+@check_for("08", "AMP accumulation: the next group starts from zero gradients", points=1, parts=("08.3",))
+def accumulation_next_group(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    seen = observe(ns, _two_groups, seed)
+    if seen["steps"] != 2:
+        raise CheckFailed("two groups, called one after the other, should make two optimizer steps",
+                          expected=2, got=seen["steps"])
+    first, _ = _reference_step(_Probe(seed), _batch(seed))
+    x, y = (torch.cat(t) for t in zip(*_next_group(seed)))
+    truth, _ = _reference_step(first, (x, y))
+    diff = _max_diff(seen["weights"], truth)
+    if diff > 1e-5:
+        raise CheckFailed(
+            "after two groups in a row the weights differ from two big-batch steps: the second step should use only "
+            "the second group's gradients",
+            hint="backward() adds into .grad: zero the gradients once per group, before its first micro-batch (or "
+                 "after the step), or the previous group's gradients join the next step",
+            expected="max |weight difference| < 1e-5", got=f"{diff:.3g}")
+
+
+def _fp16_group(ns: dict[str, Any], seed: int) -> dict[str, Any]:
+    """One group with amp_dtype=torch.float16 and an enabled scaler: the autocast state of every forward."""
+    fn = need(ns, "amp_accumulate",
+              "define `amp_accumulate(model, micro_batches, optimizer, scaler, device, amp_dtype, max_norm)`")
+    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
+    model = _Probe(seed)
+    call(fn, model, _micro_batches(seed), CountingSGD(model.parameters(), lr=0.5), scaler, torch.device("cpu"),
+         torch.float16, MAX_NORM)
+    return {"autocast": [[on, str(dt)] for on, dt in model.autocast],
+            "dtypes": sorted({str(p.dtype) for p in model.parameters()})}
+
+
+@check_for("08", "AMP accumulation: every forward under autocast to amp_dtype", points=1, parts=("08.3",))
+def accumulation_autocast(ns: dict[str, Any]) -> None:
+    seed = run_seed(ns)
+    seen = observe(ns, _fp16_group, seed)
+    want = [[True, "torch.float16"]] * len(_micro_batches(seed))
+    if seen["autocast"] != want:
+        raise CheckFailed(
+            "with amp_dtype=torch.float16 each micro-batch's forward should run under autocast to float16 (autocast "
+            "without dtype= picks the device's default: bfloat16 on a CPU, float16 on a GPU)",
+            hint="with torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=amp_dtype is not None): "
+                 "around each forward", expected=want, got=seen["autocast"])
+    if seen["dtypes"] != ["torch.float32"]:
+        raise CheckFailed("the model's weights were converted: autocast keeps them in fp32",
+                          hint="never call model.half() with autocast", expected=["torch.float32"], got=seen["dtypes"])
