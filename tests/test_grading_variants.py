@@ -819,6 +819,13 @@ WRONG: list[tuple[str, str, str, str]] = [
                 return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt),
                         "monitor": "train_loss"}
         """, "plateau"),
+    ("12", "plateau factor 0 (the first plateau sets the learning rate to 0)", """
+        class LitClassifier(LitClassifier):
+            def configure_optimizers(self):
+                opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+                plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.0, patience=1)
+                return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+        """, "plateau"),
     ("12", "stopping_threshold instead of min_delta", """
         def make_callbacks(dirpath, patience=3, min_delta=1e-3):
             return [EarlyStopping(monitor="val_loss", mode="min", patience=patience, stopping_threshold=min_delta),

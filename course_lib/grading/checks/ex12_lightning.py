@@ -40,6 +40,7 @@ def _describe_scheduler(scheduler: Any, optimizer: Any) -> dict[str, Any]:
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     return {"type": type(scheduler).__name__, "plateau": plateau,
             "mode": getattr(scheduler, "mode", None) if plateau else None,
+            "factor": float(scheduler.factor) if plateau else None,
             "same_optimizer": plateau and scheduler.optimizer is optimizer}
 
 
@@ -106,6 +107,12 @@ def plateau_dict(ns: dict[str, Any]) -> None:
             expected={"same optimizer": True, "mode": "min"},
             got={"same optimizer": sched["same_optimizer"], "mode": sched["mode"]},
         )
+    if not 0 < sched["factor"] < 1:
+        raise CheckFailed(
+            "the plateau scheduler should lower the learning rate, not end training: each plateau multiplies it by "
+            "factor, so factor=0 sets it to 0 and every later step changes nothing",
+            hint="ReduceLROnPlateau(opt, mode='min', factor=0.5): any factor between 0 and 1",
+            expected="0 < factor < 1", got=sched["factor"])
 
 
 def _stopping(ns: dict[str, Any]) -> tuple[int, float]:
