@@ -286,6 +286,12 @@ EQUIVALENT: dict[tuple[str, ...], str] = {
     ("17", "optimizer.zero_grad(set_to_none=True)", "True", "False"):
         "every parameter gets a gradient in every step, so gradients zeroed in place and gradients set to None give "
         "the same next gradients and the same step",
+    ("17", "labelled = (y != -100).sum().clamp(min=1)", "1", "0"):
+        "differs only for a group without a labelled sample, whose mean loss the task leaves undefined (0/0), and "
+        "the challenge has none: challenge_data marks every 17th sample unlabelled, groups hold 64 samples and the "
+        "shortest last group of the sizes the grader draws (194 and up) holds 2, one labelled. Even there "
+        "cross_entropy's backward gives ignored targets exactly zero gradient, so only the logged loss would differ "
+        "(NaN against 0.0); correct alternatives that take F.cross_entropy's mean behave like the mutant",
     ("20", "size = torch.finfo(getattr(torch, dtype)).bits // 8"):
         "bits / 8 is the same number as bits // 8, and bits // 7 gives 4 and 2 for the only dtypes the task names "
         "(float32, bfloat16), as // 8 does",

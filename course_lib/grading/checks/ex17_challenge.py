@@ -135,6 +135,43 @@ def weights(ns: dict[str, Any]) -> None:
                           expected="max |weight difference| <= 1e-4", got=f"{diff:.3g}")
 
 
+# Groups of 64 samples: with 194 the last group is samples 192 and 193, and 192 is unlabelled (every 17th from the
+# 6th), so that group's mean is over one labelled sample: a count guarded at 2 (or any divisor but 1) gives another.
+ONE_LABELLED_N = 194
+
+
+def _one_labelled(ns: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The learner's epoch on this run's data cut to ONE_LABELLED_N samples: its losses and the weights after."""
+    train_fast = need(ns, "train_fast", HOW)
+    model = challenge_model(seed)
+    result = call(train_fast, model, *challenge_data(seed, n=ONE_LABELLED_N), CFG)
+    return {"losses": as_losses(result), "weights": [p.detach() for p in model.parameters()]}
+
+
+@check_for("17", "a last group of one labelled sample: its loss and step as the reference's", points=1,
+           parts=("17.1",))
+def one_labelled(ns: dict[str, Any]) -> None:
+    seed = _seed(ns)
+    seen = observe(ns, _one_labelled, seed)
+    images, labels = challenge_data(seed, n=ONE_LABELLED_N)
+    group = CFG.micro_batch * CFG.accum
+    assert int((labels[-(len(labels) % group):] != IGNORE).sum()) == 1, "the data no longer has its one-label group"
+    model = challenge_model(seed)
+    expected = train_reference(model, images, labels, CFG)
+    got = seen["losses"]
+    if isinstance(got, str):
+        raise CheckFailed("train_fast should return the list of per-step losses (floats)", got=got)
+    diff = _max_diff(seen["weights"], [p.detach() for p in model.parameters()])
+    if not losses_match(got, expected) or not diff <= 1e-4:
+        raise CheckFailed(
+            f"{ONE_LABELLED_N} samples: the last group holds two, one of them unlabelled, and its step differs from "
+            "the reference's (the mean over one labelled sample is that sample's loss)",
+            hint=f"divide the group's summed loss by its number of labelled samples, however few: (y != {IGNORE})"
+                 ".sum(), guarded at 1 at most (a guard only matters for a group without any)",
+            expected={"last loss": round(expected[-1], 5)},
+            got={"last loss": round(got[-1], 5) if got else None, "max |weight difference|": f"{diff:.3g}"})
+
+
 def _timed(ns: dict[str, Any], seed: int) -> dict[str, Any]:
     return time_against_original(need(ns, "train_fast", HOW), seed=seed)
 
