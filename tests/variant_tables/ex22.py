@@ -200,6 +200,34 @@ def comm_bound_ranks(compute_s, grad_bytes, alpha, beta, max_world):
             return world
     return max_world
 """, "crossover in ranks"),
+    ("the first world whose all-reduce takes strictly longer than the compute (the task says 'at least')", """
+def comm_bound_ranks(compute_s, grad_bytes, alpha, beta, max_world):
+    for world in range(2, max_world + 1):
+        if allreduce_seconds(grad_bytes, world, alpha, beta) > compute_s:
+            return world
+    return None
+""", "crossover in ranks"),
+    ("world sizes tried up to max_world - 1 (range's end left exclusive)", """
+def comm_bound_ranks(compute_s, grad_bytes, alpha, beta, max_world):
+    for world in range(2, max_world):
+        if allreduce_seconds(grad_bytes, world, alpha, beta) >= compute_s:
+            return world
+    return None
+""", "crossover in ranks"),
+    ("world sizes tried up to max_world + 1", """
+def comm_bound_ranks(compute_s, grad_bytes, alpha, beta, max_world):
+    for world in range(2, max_world + 2):
+        if allreduce_seconds(grad_bytes, world, alpha, beta) >= compute_s:
+            return world
+    return None
+""", "crossover in ranks"),
+    ("a latency term exactly equal to the compute time divided by a zero remainder", """
+def bandwidth_needed(compute_s, grad_bytes, world, alpha):
+    left = compute_s - 2 * (world - 1) * alpha
+    if left < 0:
+        return math.inf
+    return 2 * (world - 1) / world * grad_bytes / left
+""", "crossover in bandwidth"),
     ("the latency left out of the bandwidth needed", """
 def bandwidth_needed(compute_s, grad_bytes, world, alpha):
     return 2 * (world - 1) / world * grad_bytes / compute_s

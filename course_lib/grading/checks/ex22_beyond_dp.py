@@ -298,11 +298,18 @@ MAX_WORLD = 1024
 
 def _crossover_cases(seed: int) -> list[dict[str, Any]]:
     """Compute times strictly between the all-reduce times at two neighbouring world sizes (answer ``k``), below the
-    2-rank time (answer 2) and above the ``MAX_WORLD``-rank time (answer ``None``)."""
+    2-rank time (answer 2) and above the ``MAX_WORLD``-rank time (answer ``None``); the edges a near miss gets
+    wrong: the crossover at ``max_world`` itself and one rank past it (``None``), and a compute time *equal* to an
+    all-reduce time (answer that world: "at least"), on a link of powers of two, where every order of the sums is
+    exact."""
     rng = random.Random(seed * 4447 + 226)
     cases = []
-    for kind in ("inside",) * 5 + ("two", "never"):
+    for kind in ("inside",) * 5 + ("two", "never", "last", "past", "tie"):
         alpha, beta, nbytes = _link(rng)
+        max_world = MAX_WORLD
+        if kind == "tie":
+            alpha, beta, nbytes = 2.0 ** -rng.randint(14, 20), 2.0 ** -rng.randint(27, 35), 4.0 * 2 ** rng.randint(
+                17, 28)
 
         def t(world: int, nbytes: float = nbytes, alpha: float = alpha, beta: float = beta) -> float:
             return _model_seconds(nbytes, world, alpha, beta)
@@ -312,10 +319,16 @@ def _crossover_cases(seed: int) -> list[dict[str, Any]]:
             compute = t(k - 1) + rng.uniform(0.1, 0.9) * (t(k) - t(k - 1))
         elif kind == "two":
             compute = t(2) * rng.uniform(0.2, 0.9)
-        else:
+        elif kind == "never":
             compute = t(MAX_WORLD) * rng.uniform(1.1, 3.0)
+        elif kind in ("last", "past"):
+            max_world = rng.randint(3, 60)
+            k = max_world if kind == "last" else max_world + 1  # past: the crossover lies just beyond max_world
+            compute = t(k - 1) + rng.uniform(0.1, 0.9) * (t(k) - t(k - 1))
+        else:
+            compute = t(rng.choice((2, 4, 8)))
         cases.append({"compute_s": compute, "grad_bytes": nbytes, "alpha": alpha, "beta": beta,
-                      "max_world": MAX_WORLD})
+                      "max_world": max_world})
     rng.shuffle(cases)
     return cases
 
@@ -355,11 +368,14 @@ def crossover_ranks(ns: Any) -> None:
 def _bandwidth_cases(seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed * 3571 + 227)
     cases = []
-    for latency_bound in (False,) * 5 + (True, True):
+    for kind in ("bandwidth",) * 5 + ("latency", "latency", "exactly latency"):
         alpha, _, nbytes = _link(rng)
         world = rng.randint(2, 512)
+        if kind == "exactly latency":  # a power of two: the latency term equals compute_s exactly, in any order
+            alpha = 2.0 ** -rng.randint(14, 20)
         floor = 2 * (world - 1) * alpha  # the latency term: no bandwidth makes the all-reduce faster than this
-        compute = floor * (rng.uniform(0.3, 0.95) if latency_bound else rng.uniform(1.5, 50.0))
+        compute = floor * {"bandwidth": rng.uniform(1.5, 50.0), "latency": rng.uniform(0.3, 0.95),
+                           "exactly latency": 1.0}[kind]
         cases.append({"compute_s": compute, "grad_bytes": nbytes, "world": world, "alpha": alpha})
     rng.shuffle(cases)
     return cases
