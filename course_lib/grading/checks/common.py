@@ -72,3 +72,16 @@ def split_layer_matches(ranks: list[dict[str, Any]], want: dict[str, Any],
                     f"rank {rank}: {param(name)}'s gradient is not the unsplit {layer}'s on this rank's share "
                     "(zeros elsewhere)", hint=hint, expected=f"{tuple(expected.shape)} within {tolerance:g}",
                     got="no gradient" if got is None else gap(got, expected))
+
+
+def hidden_share(name: str, grad: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """The part of an MLP block's gradient that rank ``rank``'s hidden units reach when the first Linear (``0.``)
+    is split by its rows and the second by its columns (zeros elsewhere)."""
+    h = grad.shape[0] if name.startswith("0.") else grad.shape[1]
+    mine = slice(rank * h // world, (rank + 1) * h // world)
+    out = torch.zeros_like(grad)
+    if name.startswith("0."):
+        out[mine] = grad[mine]
+    else:
+        out[:, mine] = grad[:, mine]
+    return out

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from course_lib.grading import parallel_driver as driver
 from course_lib.grading.api import CheckFailed, check_for, need, observe, run_seed
-from course_lib.grading.checks.common import gap, rank_records, split_layer_matches
+from course_lib.grading.checks.common import gap, hidden_share, rank_records, split_layer_matches
 from course_lib.parallel.data_parallel import assign_buckets
 from course_lib.parallel.zero import shard_bounds
 
@@ -241,16 +241,7 @@ def _unsplit(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _share(name: str, grad: torch.Tensor, rank: int) -> torch.Tensor:
     """The part of the unsplit block's gradient that reaches rank ``rank``'s block (zeros elsewhere)."""
-    if name == "2.bias":
-        return grad
-    h = grad.shape[0] if name.startswith("0.") else grad.shape[1]
-    mine = slice(rank * h // driver.WORLD, (rank + 1) * h // driver.WORLD)
-    out = torch.zeros_like(grad)
-    if name.startswith("0."):
-        out[mine] = grad[mine]
-    else:
-        out[:, mine] = grad[:, mine]
-    return out
+    return grad if name == "2.bias" else hidden_share(name, grad, rank, driver.WORLD)
 
 
 @check_for("21", "tensor-parallel output and gradients match the unsplit block", points=2,

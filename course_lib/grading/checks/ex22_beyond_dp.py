@@ -24,7 +24,7 @@ import torch
 
 from course_lib.grading import beyond_dp_driver as driver
 from course_lib.grading.api import CheckFailed, call, check_for, need, observe, one_line, run_seed
-from course_lib.grading.checks.common import gap, rank_records, split_layer_matches
+from course_lib.grading.checks.common import gap, hidden_share, rank_records, split_layer_matches
 from course_lib.parallel.comm import (
     bandwidth_for_compute,
     comm_bound_world,
@@ -623,18 +623,6 @@ def _unsplit_sp(cfg: dict[str, Any], tokens: slice | None = None) -> dict[str, A
     return {"out": out.detach(), "x_grad": x.grad, "grads": {n: p.grad for n, p in block.named_parameters()}}
 
 
-def _hidden_share(name: str, grad: torch.Tensor, rank: int) -> torch.Tensor:
-    """The part of a block gradient rank ``rank``'s hidden units reach (zeros elsewhere)."""
-    h = grad.shape[0] if name.startswith("0.") else grad.shape[1]
-    mine = slice(rank * h // driver.WORLD, (rank + 1) * h // driver.WORLD)
-    out = torch.zeros_like(grad)
-    if name.startswith("0."):
-        out[mine] = grad[mine]
-    else:
-        out[:, mine] = grad[:, mine]
-    return out
-
-
 @check_for("22", "sequence parallelism: this rank's tokens and gradients match the unsplit block", points=2,
            parts=SP_PARTS)
 def sp_matches(ns: Any) -> None:
@@ -647,7 +635,7 @@ def sp_matches(ns: Any) -> None:
     for rank, record in enumerate(ranks):
         mine = driver.token_slice(cfg, rank)
         own = _unsplit_sp(cfg, mine)  # the bias is added after the reduce-scatter: only this rank's tokens reach it
-        expected_grads = {name: own["grads"][name] if name == "2.bias" else _hidden_share(name, grad, rank)
+        expected_grads = {name: own["grads"][name] if name == "2.bias" else hidden_share(name, grad, rank, driver.WORLD)
                           for name, grad in whole["grads"].items()}
         for what, got, expected in (("output", record["out"], whole["out"][:, mine]),
                                     ("input gradient", record["x_grad"], whole["x_grad"][:, mine])):
