@@ -31,6 +31,7 @@ import datetime
 import functools
 import inspect
 import linecache
+import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -73,7 +74,7 @@ def exercise_config(seed: int = 0) -> dict[str, Any]:
         "seed": s,
         "dp": {"model_seed": 1000 + s % 9000, "data_seed": 5000 + s % 9000, "d_in": d_in, "hidden": hidden,
                "classes": classes, "batch": 3 + s % 3, "steps": 3, "lr": round(0.1 * (1 + s % 4), 3),
-               "cap_bytes": 4 * (classes + hidden * classes + hidden + s % 3)},
+               "cap_bytes": 4 * (classes + hidden * classes + hidden + s % 3), "edges": bucket_edges(s)},
         "zero": {"seed": 2000 + s % 9000, "shapes": [[rows, cols], [vec], [numel - rows * cols - vec]], "steps": 3,
                  "lr": round(0.01 * (1 + s % 3), 4), "weight_decay": round(0.05 * (1 + s % 4), 4)},
         "tp": {"seed": 3000 + s % 9000, "d": 4 + s % 5, "batch": 2 + s % 2, "tokens": 3 + s % 4},
@@ -99,6 +100,37 @@ class TiedNet(nn.Module):
         h = torch.tanh(self.shared(h))
         h = torch.tanh(self.shared(h))  # the same weight again
         return self.out(h)
+
+
+def bucket_edges(seed: int) -> list[dict[str, Any]]:
+    """Two small jobs that put a bucket's bytes exactly on the cap and one byte past it, where near-miss rules
+    (``>=`` for ``>``, a running total that starts at 1 or -1) close a bucket one parameter early or late; the
+    main model's cap meets its first bucket exactly only one run in three. ``numels``: float32 vectors in
+    registration order (backward's order is the reverse); bytes in backward's order, with ``c`` elements' bytes
+    the cap:
+
+    - cap ``4c``: ``4a, 4(c-a), 4b, 4(c-b), 4``: two buckets exactly full, then one of 4 bytes;
+    - cap ``4c - 1``: ``4a, 4(c-a), 4a, 4``: each neighbouring pair is one byte over the cap.
+    """
+    rng = random.Random(seed * 7717 + 211)
+    c = rng.randint(4, 12)
+    a, b = rng.randint(1, c - 1), rng.randint(1, c - 1)
+    a2 = rng.randint(1, c - 2)  # 4 a2 + 4 stays under the cap
+    exact = [a, c - a, b, c - b, 1]
+    over = [a2, c - a2, a2, 1]
+    return [{"numels": exact[::-1], "cap_bytes": 4 * c}, {"numels": over[::-1], "cap_bytes": 4 * c - 1}]
+
+
+class EdgeNet(nn.Module):
+    """Float32 vectors of the given sizes, registered in order; the loss reaches every one of them."""
+
+    def __init__(self, numels: list[int], seed: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.vectors = nn.ParameterList(nn.Parameter(torch.randn(n, generator=g)) for n in numels)
+
+    def forward(self) -> torch.Tensor:
+        return sum(((k + 1) * v * v).sum() for k, v in enumerate(self.vectors))
 
 
 def _seeded() -> Any:
@@ -312,7 +344,18 @@ def _dp(ns: dict[str, Any], cfg: dict[str, Any], rank: int, tape: _Tape) -> dict
         with _stage(tape, "optimizer"):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    return {"params": flat(model.parameters()), "steps": steps}
+    edges = []
+    for k, job in enumerate(dp["edges"]):
+        probe = EdgeNet(job["numels"], seed=dp["model_seed"] + k)  # the same on every rank
+        with _stage(tape, "init"):
+            probe_buckets = ns["BucketedAllReduce"](probe, job["cap_bytes"])
+        first = len(tape.events)
+        with _stage(tape, "backward"):
+            probe().backward()
+        with _stage(tape, "finish"):
+            probe_buckets.finish()
+        edges.append([e["nbytes"] for e in tape.events[first:] if e["op"] == "all_reduce"])
+    return {"params": flat(model.parameters()), "steps": steps, "edges": edges}
 
 
 def moment_bytes(optimizer: torch.optim.Optimizer) -> int:

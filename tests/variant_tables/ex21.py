@@ -100,6 +100,11 @@ WRONG: list[tuple[str, str, str]] = [
     ("a bucket that never filled is never sent", _buckets(flush="pass"), "one process"),
     ("everything all-reduced after backward (no hooks)", _buckets(hook="pass"), "overlap"),
     ("one message per parameter (no buckets)", _buckets(cap="0"), "bucket"),
+    # total + nbytes > cap - 1 is '>=' (and a running total that starts at 1); > cap + 1 is a total that starts at -1
+    ("a bucket closed when it reaches the cap ('>=' for '>'): an exactly full bucket loses its last parameter",
+     _buckets(cap="bucket_cap_bytes - 1"), "bucket"),
+    ("a running total one byte short (starts at -1): a bucket one byte over the cap keeps its last parameter",
+     _buckets(cap="bucket_cap_bytes + 1"), "bucket"),
     ("each bucket sent the moment it fills, not in bucket order", _buckets(in_order=False), "order"),
     ("initial weights not broadcast", """
         def broadcast_parameters(model):

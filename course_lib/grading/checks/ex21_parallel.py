@@ -158,6 +158,31 @@ def bucket_messages(ns: dict[str, Any]) -> None:
                     "message per bucket, float32 (4 bytes per element)",
                     expected=f"{len(want)} messages of {want} bytes (bucket order)",
                     got=f"{len(got['all_reduce_bytes'])} messages of {got['all_reduce_bytes']} bytes (sent order)")
+    for k, (job, want_edge) in enumerate(zip(cfg["dp"]["edges"], _edge_buckets(cfg))):
+        for rank, record in enumerate(ranks):
+            got_edge = record["edges"][k]
+            if got_edge != want_edge:
+                raise CheckFailed(
+                    f"rank {rank}: vectors of {_backward_bytes(job)} bytes (backward's order) with a cap of "
+                    f"{job['cap_bytes']} bytes are not bucketed at the cap",
+                    hint="a bucket holds at most the cap: a parameter that brings it exactly to the cap still goes "
+                         "in (close it when the total would pass the cap: >, not >=), one that would pass it by a "
+                         "single byte starts the next bucket; each bucket's total starts at 0",
+                    expected=f"{want_edge} bytes (bucket order)", got=f"{got_edge} bytes (sent order)")
+
+
+def _backward_bytes(job: dict[str, Any]) -> list[int]:
+    return [4 * n for n in job["numels"][::-1]]
+
+
+def _edge_buckets(cfg: dict[str, Any]) -> list[list[int]]:
+    """Bytes of each reference bucket of the driver's edge jobs (buckets exactly full and one byte over)."""
+    out = []
+    for job in cfg["dp"]["edges"]:
+        named = [(n, p) for n, p in driver.EdgeNet(job["numels"], seed=0).named_parameters()][::-1]
+        sizes = {n: p.numel() * p.element_size() for n, p in named}
+        out.append([sum(sizes[n] for n in b) for b in assign_buckets(named, job["cap_bytes"])])
+    return out
 
 
 @check_for("21", "overlap: buckets sent while backward still runs", points=1, parts=("21.1", "21.2", "21.3"))
