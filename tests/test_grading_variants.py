@@ -98,6 +98,89 @@ ACCUMULATED_WEIGHTED = """
             return {"loss": total_loss / EPOCH, "steps": len(sizes), "group_sizes": sizes}
         """
 
+# Exercise 01: a hand-written parser that follows the task's rules; two wrong variants below change one line of it.
+PARSER_01 = """
+        def parse_overrides(argv, cls=TrainConfig):
+            hints = typing.get_type_hints(cls)
+            values, i = {}, 0
+            while i < len(argv):
+                if not argv[i].startswith("--"):
+                    raise ValueError(f"{argv[i]!r} is not a --flag")
+                name = argv[i][2:].replace("-", "_")
+                if name.startswith("no_") and hints.get(name[3:]) is bool:
+                    values[name[3:]] = False
+                    i += 1
+                    continue
+                if name not in hints:
+                    raise ValueError(f"unknown flag {argv[i]!r}")
+                if hints[name] is bool:
+                    values[name] = True
+                    i += 1
+                    continue
+                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                    raise ValueError(f"{argv[i]} needs a value")
+                text, kinds = argv[i + 1], typing.get_args(hints[name])
+                kind = [t for t in kinds if t is not type(None)][0] if kinds else hints[name]
+                try:
+                    values[name] = None if type(None) in kinds and text == "none" else kind(text)
+                except ValueError:
+                    raise ValueError(f"{argv[i]} {text!r}: expected {kind.__name__}") from None
+                i += 2
+            return cls(**values)
+        """
+# Exercise 01: the solution's kill_at_halfway, which the wrong variants below change in one place.
+KILL_01 = """
+        def kill_at_halfway(cfg, poll_s=0.05):
+            ckpt = Path(cfg.out) / "ckpt.pt"
+            ckpt.unlink(missing_ok=True)
+            proc = subprocess.Popen([sys.executable, "-m", "course_lib.train", *to_argv(cfg)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                while True:
+                    if ckpt.exists() and read_checkpoint(ckpt)["step"] >= cfg.steps // 2:
+                        proc.kill()
+                        proc.wait()
+                        return read_checkpoint(ckpt)["step"]
+                    if proc.poll() is not None:
+                        raise RuntimeError("training ended before the half-way checkpoint")
+                    time.sleep(poll_s)
+            finally:
+                proc.kill()
+                proc.wait()
+        """
+# The same without try/finally: the process is stopped only on the way out that finds the checkpoint.
+KILL_01_NO_FINALLY = """
+        def kill_at_halfway(cfg, poll_s=0.05):
+            ckpt = Path(cfg.out) / "ckpt.pt"
+            ckpt.unlink(missing_ok=True)
+            proc = subprocess.Popen([sys.executable, "-m", "course_lib.train", *to_argv(cfg)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            while True:
+                if ckpt.exists() and read_checkpoint(ckpt)["step"] >= cfg.steps // 2:
+                    proc.kill()
+                    proc.wait()
+                    return read_checkpoint(ckpt)["step"]
+                if proc.poll() is not None:
+                    raise RuntimeError("training ended before the half-way checkpoint")
+                time.sleep(poll_s)
+        """
+# The same in a `with Popen(...)` block: leaving it waits for the process, but nothing kills it on an interruption.
+KILL_01_WITH_BLOCK = """
+        def kill_at_halfway(cfg, poll_s=0.05):
+            ckpt = Path(cfg.out) / "ckpt.pt"
+            ckpt.unlink(missing_ok=True)
+            with subprocess.Popen([sys.executable, "-m", "course_lib.train", *to_argv(cfg)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+                while True:
+                    if ckpt.exists() and read_checkpoint(ckpt)["step"] >= cfg.steps // 2:
+                        proc.kill()
+                        proc.wait()
+                        return read_checkpoint(ckpt)["step"]
+                    if proc.poll() is not None:
+                        raise RuntimeError("training ended before the half-way checkpoint")
+                    time.sleep(poll_s)
+        """
+
 # (exercise, what the mistake is, the code, a word from the name of the check that must fail)
 WRONG: list[tuple[str, str, str, str]] = [
     # ---------------------------------------------------------------- 01
@@ -140,6 +223,37 @@ WRONG: list[tuple[str, str, str, str]] = [
                 i += 1
             return _solution_parse(keep, cls)
         """, "malformed"),
+    ("01", "a --no-x switch also swallows the argument after it", PARSER_01.replace(
+        """values[name[3:]] = False
+                    i += 1""", """values[name[3:]] = False
+                    i += 2"""), "types"),
+    ("01", "the argument after a flag taken as its value even when it is another flag", PARSER_01.replace(
+        'if i + 1 >= len(argv) or argv[i + 1].startswith("--"):', "if i + 1 >= len(argv):"), "malformed"),
+    ("01", "--no- written without turning underscores into dashes", """
+        def to_argv(cfg):
+            argv = []
+            for f in dataclasses.fields(cfg):
+                value = getattr(cfg, f.name)
+                if value is True:
+                    argv.append("--" + f.name.replace("_", "-"))
+                elif value is False:
+                    argv.append("--no-" + f.name)
+                else:
+                    argv += ["--" + f.name.replace("_", "-"), "none" if value is None else str(value)]
+            return argv
+        """, "full flag"),
+    ("01", "a checkpoint left over from an earlier run not deleted", KILL_01.replace(
+        "ckpt.unlink(missing_ok=True)", "pass"), "resumed"),
+    ("01", "half-way as cfg.steps / 2 (9 / 2 = 4.5 waits for the checkpoint of step 8)", KILL_01.replace(
+        "cfg.steps // 2", "cfg.steps / 2"), "resumed"),
+    ("01", "no try/finally: an interrupted poll leaves the run training", KILL_01_NO_FINALLY, "interrupted"),
+    ("01", "killed in the finally block but never waited for", KILL_01.replace(
+        """            finally:
+                proc.kill()
+                proc.wait()""", """            finally:
+                proc.kill()"""), "interrupted"),
+    ("01", "a `with Popen(...)` block: an interrupted poll waits for the whole run instead of killing it",
+     KILL_01_WITH_BLOCK, "interrupted"),
     ("01", "booleans written as --compile True", """
         def to_argv(cfg):
             return [x for f in dataclasses.fields(cfg)
@@ -1001,6 +1115,41 @@ RIGHT: list[tuple[str, str, str]] = [
         _solution_kill = kill_at_halfway
         def kill_at_halfway(cfg, poll_s=0.05):
             return _solution_kill(cfg, poll_s=0.5)
+        """),
+    ("01", "the hand-written parser the wrong variants change", PARSER_01),
+    ("01", "kill_at_halfway as the solution, written out", KILL_01),
+    ("01", "the process stopped in `except BaseException:` (then re-raised) instead of finally", """
+        def kill_at_halfway(cfg, poll_s=0.05):
+            ckpt = Path(cfg.out) / "ckpt.pt"
+            if ckpt.exists():
+                ckpt.unlink()
+            proc = subprocess.Popen([sys.executable, "-m", "course_lib.train", *to_argv(cfg)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                while proc.poll() is None:
+                    if ckpt.exists() and read_checkpoint(ckpt)["step"] >= cfg.steps // 2:
+                        break
+                    time.sleep(poll_s)
+                else:
+                    raise RuntimeError(f"training ended (exit code {proc.returncode}) before the half-way checkpoint")
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            proc.kill()
+            proc.wait()
+            return read_checkpoint(ckpt)["step"]
+        """),
+    ("01", "to_argv with the flags in reverse field order", """
+        _solution_to_argv = to_argv
+        def to_argv(cfg):
+            pairs, argv = [], _solution_to_argv(cfg)
+            i = 0
+            while i < len(argv):
+                takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+                pairs.append(argv[i:i + 2] if takes_value else argv[i:i + 1])
+                i += 2 if takes_value else 1
+            return [a for pair in reversed(pairs) for a in pair]
         """),
     ("01", "resume through the training CLI's --resume in-process", """
         def resume(cfg):

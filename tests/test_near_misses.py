@@ -29,6 +29,13 @@ def _solution_edited(number: str, old: str, new: str) -> str:
 NEAR_MISSES = [
     ("01", "a flag without its value found only at position 0 (1 >= len(argv) instead of i + 1)",
      _solution_edited("01", "if i + 1 >= len(argv) or", "if 1 >= len(argv) or"), "malformed"),
+    ("01", "the argument before a flag checked for being a flag, not the one after it (argv[i - 1]): --depth 5 "
+     "after the switch --no-keep-last refused",
+     _solution_edited("01", "argv[i + 1].startswith", "argv[i - 1].startswith"), "types"),
+    ("01", "always the second argument checked for being a flag (argv[1])",
+     _solution_edited("01", "argv[i + 1].startswith", "argv[1].startswith"), "malformed"),
+    ("03", "break-even without the floor of one call (max(0, ...)): 0 when the first call is as cheap as a steady one",
+     _solution_edited("03", "return max(1, math.ceil(", "return max(0, math.ceil("), "break-even"),
     ("03", "warmup=0 refused (warmup <= 0 instead of < 0)", """
         def steady_state(times, warmup):
             if warmup <= 0 or warmup >= len(times):

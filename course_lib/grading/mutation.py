@@ -207,7 +207,20 @@ _TEST_CHOICE = ("another valid test: exercise 04's graded code is a test suite, 
                 "batch sizes, step counts and thresholds to the learner; the changed test still passes on the right "
                 "implementation and fails on every broken one the grader runs it against")
 _SYMMETRIC_TEST = "torch.equal and the pairs zip makes are symmetric: the test compares the same two things"
+_ONE_TYPE = ("options is the field's type with None taken out; the task's fields are int, float or str, or one "
+             "of them | None, so options holds exactly one type and options[-1] is options[0]")
 EQUIVALENT: dict[tuple[str, ...], str] = {
+    ("01", "overrides[name] = options[0](text)", "0", "-1"): _ONE_TYPE,
+    ("01", 'raise ValueError(f"{arg} {text!r}: expected {options[0].__name__}") from None', "0", "-1"): _ONE_TYPE,
+    ("01", "proc.wait()  # gone now: the checkpoint read next is the last it wrote", "proc.wait()", "pass"):
+        "not observable by a check: the finally block kills and waits for the process before the function returns, "
+        "so it is reaped either way; this wait() only keeps the read that follows from racing a run that saves again "
+        "between kill() and the signal landing, and under the grader the run holds at the checkpoint until it has "
+        "been read twice (the handshake in course_lib/train/checkpoint.py), so the read sees the same file",
+    ("01", "time.sleep(poll_s)"):
+        "not observable by a check: without the pause the loop polls as fast as it can, a core kept busy while it "
+        "waits, and stops at the same checkpoint with the same step; what the waiting costs in CPU time depends on "
+        "the machine's speed and load, which no check may measure",
     **{("04", line): _TEST_CHOICE for line in (
         "model = impl.make_model(0).eval()", "model = impl.make_model(0)", "model = impl.make_model(seed=3)",
         "model = impl.make_model(0).train()", "for batch_size in (1, 3, 8):", "batch = impl.make_batch(8, seed=1)",

@@ -101,6 +101,12 @@ WRONG: list[tuple[str, str, str]] = [
                 return None
             return math.ceil((first_call_s - compiled_s) / (eager_s - compiled_s))
         """, "break-even"),
+    ("break-even without the n >= 1 floor (0 calls when the first call is as cheap as a steady one)", """
+        def break_even_calls(first_call_s, eager_s, compiled_s):
+            if compiled_s >= eager_s:
+                return None
+            return math.ceil((first_call_s - compiled_s) / (eager_s - compiled_s))
+        """, "break-even"),
     ("break-even from the cold start over the eager time", """
         def break_even_calls(first_call_s, eager_s, compiled_s):
             if compiled_s >= eager_s:
