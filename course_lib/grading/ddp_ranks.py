@@ -413,6 +413,8 @@ def rank_main(run_dir: Path, rank: int) -> dict[str, Any]:
         if not isinstance(trained, torch.nn.Module):
             raise TypeError(f"{job['function']} should return the trained model, not {type(trained).__name__}")
         record["params"] = ddp_demo.flat_parameters(trained)
+        # The function joined the process group; leaving it is part of its job (its port, its threads).
+        record["group_left_open"] = torch.distributed.is_available() and torch.distributed.is_initialized()
     except BaseException as exc:  # reported to the check, which names it
         record["error"] = exception_record(exc)
     record["reads"] = list(dataset.reads)

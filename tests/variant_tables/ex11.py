@@ -55,6 +55,8 @@ def _train(*, sampler: str = "DistributedSampler(dataset, num_replicas=world_siz
 
 # (what the mistake is, the code appended to the cell, a word from the name of the check that must fail)
 WRONG: list[tuple[str, str, str]] = [
+    ("the process group is never left (no destroy_process_group)",
+     _train().replace("            dist.destroy_process_group()\n", ""), "leaves the process group"),
     ("no DistributedSampler: every rank shuffles the whole dataset",
      _train(sampler="torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(0))"),
      "disjoint"),

@@ -250,6 +250,18 @@ def rank0_saves(ns: dict[str, Any]) -> None:
     _trained_from_this_run(cfg, checkpoint, f"the weights in {CHECKPOINT}")
 
 
+@check_for("11", "every rank leaves the process group", points=1, parts=("11.1", "11.2", "11.3"))
+def leaves_group(ns: dict[str, Any]) -> None:
+    _, run = _ranks(ns)
+    open_ranks = [r["rank"] for r in run["ranks"] if r.get("group_left_open", True)]
+    if open_ranks:
+        raise CheckFailed(f"rank(s) {open_ranks} returned with the process group still initialized: the job's port "
+                          "and its communication threads stay held, and the next init_process_group in that "
+                          "process fails",
+                          hint="dist.destroy_process_group() before returning (in a finally:, so an error leaves "
+                               "the group too)")
+
+
 def _setups(seed: int) -> list[tuple[int, int, int]]:
     """This run's (per-device batch, processes, accumulation steps): one plain, one of each kind of scaling."""
     return [(8 + seed % 29, 1 + seed % 3, 1), (2 + seed % 17, 2 + seed % 7, 2 + seed % 5),
