@@ -314,6 +314,23 @@ EQUIVALENT: dict[tuple[str, ...], str] = {
     ("20", "activations = saved * size + batch * 8 + size  # + the int64 targets and the 0-dim total_weight"):
         "the 0-dim total_weight is a scalar the task allows leaving out, and +-batch bytes on the int64 targets stay "
         "under 1% of activations that are at least 108 * batch bytes",
+    ("11", "return base_lr * effective_batch(per_device_batch, world_size, accum) / base_batch",
+     "effective_batch(per_device_batch, world_size, accum)", "effective_batch(world_size, per_device_batch, accum)"):
+        "the solution's effective_batch is the product of its arguments: swapping two factors gives the same "
+        "number (a learner's own effective_batch is checked on its own)",
+    ("11", "optimizer.zero_grad(set_to_none=True)", "True", "False"):
+        "every parameter gets a gradient in every step, so gradients zeroed in place and gradients set to None give "
+        "the same next gradients and the same step",
+    ("21", "if not self.buckets or (self.buckets[-1][\"params\"] and total + nbytes > bucket_cap_bytes):", "1", "0"):
+        "every bucket gets its first parameter the moment it is made, so any bucket's list, the first ([-0]) as "
+        "the last ([-1]), is non-empty when it is tested",
+    ("21", "while self.next < len(self.buckets) and \\", "self.next < len(self.buckets)",
+     "(self.next <= len(self.buckets))"):
+        "self.next reaches len(self.buckets) only when the last bucket leaves, in the hook of the step's last "
+        "ready parameter: no hook runs after it in that backward, and finish() sets self.next back to 0",
+    ("22", "for world in range(2, max_world + 1):", "2", "1"):
+        "a world of one rank has no all-reduce (0 s), which never reaches a compute time; the task's compute times "
+        "are positive (comm_bound_world refuses any other), so the walk returns what it returns from 2",
     ("19", "zip(widths[:-1], widths[1:])", "zip(widths[1:], widths[:-1])"):
         "each layer's count 2*N*a*b is symmetric in a and b, and which layer is first is read from enumerate, "
         "not from the widths",
