@@ -56,9 +56,12 @@ def exercise_config(seed: int = 0) -> dict[str, Any]:
             "lr": round(0.01 * (1 + s % 3), 4), "weight_decay": round(0.05 * (1 + s % 4), 4),
             "pp": {"seed": 6000 + s % 9000, "d_in": 3 + s % 5, "hidden": 4 + s % 7, "classes": 2 + s % 4,
                    "micro_batches": micro_batches, "batch": micro_batches * (2 + s % 2)},
-            "tp": {"seed": 8000 + s % 9000, "n_head": 2 * (1 + s % 2), "head_dim": 2 + s % 3, "batch": 2 + s % 2,
+            # Two or three heads per rank: with one, moving the heads' axis (transpose(1, 2)) changes nothing.
+            "tp": {"seed": 8000 + s % 9000, "n_head": WORLD * (2 + s % 2), "head_dim": 2 + s % 3, "batch": 2 + s % 2,
                    "tokens": 3 + s % 4},
-            "sp": {"seed": 9000 + s % 9000, "d": 3 + s % 5, "batch": 1 + s % 3, "tokens": WORLD * (2 + s % 3)}}
+            # d / world never equals tokens / world, so a shape read from the wrong axis cannot pass.
+            "sp": {"seed": 9000 + s % 9000, "d": WORLD * (2 + s % 3) + 3 + s % 5, "batch": 1 + s % 3,
+                   "tokens": WORLD * (2 + s % 3)}}
 
 
 def zero_params(cfg: dict[str, Any]) -> list[torch.Tensor]:
@@ -110,12 +113,16 @@ def tp_input(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
 
 
+SP_DTYPE = torch.float64  # sequence parallelism's block and activations
+
+
 def sp_block(cfg: dict[str, Any]) -> nn.Sequential:
     """The whole MLP block ``Linear(d, 4d) -> GELU -> Linear(4d, d)``, the same on every rank."""
     d = cfg["sp"]["d"]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg["sp"]["seed"])
-        return nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        # float64: buffers made in the default float32 instead of the activations' dtype fail
+        return nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)).to(SP_DTYPE)
 
 
 def sp_input(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +131,7 @@ def sp_input(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     sp = cfg["sp"]
     g = torch.Generator().manual_seed(sp["seed"] + 1)
     shape = (sp["batch"], sp["tokens"], sp["d"])
-    return torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
+    return torch.randn(*shape, generator=g, dtype=SP_DTYPE), torch.randn(*shape, generator=g, dtype=SP_DTYPE)
 
 
 def token_slice(cfg: dict[str, Any], rank: int) -> slice:

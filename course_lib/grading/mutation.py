@@ -328,6 +328,10 @@ EQUIVALENT: dict[tuple[str, ...], str] = {
      "(self.next <= len(self.buckets))"):
         "self.next reaches len(self.buckets) only when the last bucket leaves, in the hook of the step's last "
         "ready parameter: no hook runs after it in that backward, and finish() sets self.next back to 0",
+    **{("22", f"{t}.transpose({a}, {b})", f"{t}.transpose({b}, {a})"):
+       "transpose swaps two axes: transpose(a, b) and transpose(b, a) are the same tensor"
+       for t, a, b in (("t.view(B, T, heads, width // heads)", 1, 2), ("shard", 0, 1), ("out", 0, 1),
+                       ("full", 0, 1), ("F.scaled_dot_product_attention(q, k, v, is_causal=True)", 1, 2))},
     ("22", "for world in range(2, max_world + 1):", "2", "1"):
         "a world of one rank has no all-reduce (0 s), which never reaches a compute time; the task's compute times "
         "are positive (comm_bound_world refuses any other), so the walk returns what it returns from 2",

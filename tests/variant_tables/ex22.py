@@ -287,6 +287,22 @@ def pipeline_step(stage, rank, x, y, micro_batches, hidden):
      _attention(qkv_rows="[slice(rank * width, (rank + 1) * width)] * 3"), "attention: output"),
     ("the input's gradient not summed over the ranks (no SumInBackward)", _attention(x_line="pass"),
      "attention: output"),
+    ("the heads' axis never moved (view without transpose): each rank's heads attend across one another",
+     _attention().replace(".transpose(1, 2)", ""), "attention: output"),
+    ("gather_tokens' buffer in the default float32, whatever the shard's dtype", """
+def gather_tokens(shard):
+    send = shard.transpose(0, 1).contiguous()
+    out = torch.empty(dist.get_world_size() * send.shape[0], *send.shape[1:])
+    dist.all_gather_into_tensor(out, send)
+    return out.transpose(0, 1).contiguous()
+""", "sequence parallelism: this rank"),
+    ("scatter_tokens' output sized from the last axis (d / world rows) instead of the tokens", """
+def scatter_tokens(full):
+    send = full.transpose(0, 1).contiguous()
+    out = torch.empty(send.shape[-1] // dist.get_world_size(), *send.shape[1:], dtype=full.dtype)
+    dist.reduce_scatter_tensor(out, send, op=dist.ReduceOp.SUM)
+    return out.transpose(0, 1).contiguous()
+""", "sequence parallelism: this rank"),
     ("the sequence-parallel block's bias added on every rank before the reduce-scatter", """
 def sp_mlp(x_shard, block, rank, world):
     fc, act, proj = block

@@ -660,7 +660,7 @@ def sp_matches(ns: Any) -> None:
 def sp_messages(ns: Any) -> None:
     cfg, ranks = _ranks(ns, "sp")
     sp = cfg["sp"]
-    full = 4 * sp["batch"] * sp["tokens"] * sp["d"]
+    full = driver.SP_DTYPE.itemsize * sp["batch"] * sp["tokens"] * sp["d"]
     want = ring_allreduce_bytes(full, driver.WORLD)  # what tensor parallelism's all-reduce sends
     for rank, record in enumerate(ranks):
         for direction in ("forward", "backward"):
