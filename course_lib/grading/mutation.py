@@ -321,6 +321,9 @@ EQUIVALENT: dict[tuple[str, ...], str] = {
     ("11", "optimizer.zero_grad(set_to_none=True)", "True", "False"):
         "every parameter gets a gradient in every step, so gradients zeroed in place and gradients set to None give "
         "the same next gradients and the same step",
+    ("21", "total = 0  # set again when the first bucket opens"):
+        "the first parameter always opens the first bucket (no buckets yet), which sets total to 0 again before any "
+        "size is added: this first value is never read",
     ("21", "if not self.buckets or (self.buckets[-1][\"params\"] and total + nbytes > bucket_cap_bytes):", "1", "0"):
         "every bucket gets its first parameter the moment it is made, so any bucket's list, the first ([-0]) as "
         "the last ([-1]), is non-empty when it is tested",
