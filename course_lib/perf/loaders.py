@@ -165,7 +165,12 @@ def _time_epochs(
                     steady_samples += n
             synchronize(device)
             steady_s += now() - t_first
-            it = None  # non-persistent workers shut down here; persistent ones wait for the next epoch
+            # Non-persistent workers shut down here (persistent ones wait for the next epoch), explicitly and with a
+            # Ctrl-C held: in the iterator's __del__ it would be ignored ("Exception ignored in"), a lost interrupt.
+            with ctrl_c_deferred():
+                if not getattr(loader, "persistent_workers", False) and hasattr(it, "_shutdown_workers"):
+                    it._shutdown_workers()
+                it = None
     except BaseException:
         # Interrupted (Ctrl-C) or failed: a notebook keeps the traceback, and with it this iterator, so its workers
         # would outlive the cell; stop them now.

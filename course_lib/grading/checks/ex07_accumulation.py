@@ -331,13 +331,13 @@ def _check_padding(ns: dict[str, Any], weighted: bool) -> None:
                     else "the single target's loss: the epoch's summed losses over its one real target")
 
 
-@check_for("07", "a group of padding only adds no gradient; no targets at all: loss 0.0", points=1,
+@check_for("07", "a group of padding only adds no gradient; no targets at all: a zero loss", points=1,
            parts=("07.1",))
 def padding_only(ns: dict[str, Any]) -> None:
     _check_padding(ns, weighted=False)
 
 
-@check_for("07", "class-weighted: a group of padding only adds no gradient; no targets at all: loss 0.0", points=1,
+@check_for("07", "class-weighted: a group of padding only adds no gradient; no targets at all: a zero loss", points=1,
            parts=("07.2",))
 def padding_only_weighted(ns: dict[str, Any]) -> None:
     _check_padding(ns, weighted=True)
